@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   installs everything and runs the demo on an embedded PostgreSQL
+#   make test   installs everything and runs lint, types and the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(CURDIR)/$(VENV)/bin/python
+# Spark's Python workers must run in this venv, not whatever 'python3' is on PATH.
+export PYSPARK_PYTHON := $(PY)
+export PYSPARK_DRIVER_PYTHON := $(PY)
+
+.PHONY: setup demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	bash scripts/ensure-java.sh
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) examples/demo.py $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check sqlsink tests examples benchmarks
+	$(VENV)/bin/ruff format --check sqlsink tests examples benchmarks
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	bash scripts/ensure-jdbc.sh
+	$(PY) benchmarks/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-work

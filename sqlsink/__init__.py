@@ -1,0 +1,40 @@
+"""sqlsink: an exactly-once Spark Structured Streaming sink into PostgreSQL.
+
+    import sqlsink
+    sqlsink.register(spark)
+    events.writeStream.format("sqlsink").option("url", ...).option("table", ...).start()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlsink.errors import (
+    CommitError,
+    ConfigError,
+    DataLossError,
+    SinkBindingError,
+    SqlsinkError,
+    TransientError,
+    WriteError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommitError",
+    "ConfigError",
+    "DataLossError",
+    "SinkBindingError",
+    "SqlsinkError",
+    "TransientError",
+    "WriteError",
+    "register",
+]
+
+
+def register(spark: Any) -> None:
+    """Register the "sqlsink" data source with a SparkSession."""
+    from sqlsink.spark.datasource import register as _register
+
+    _register(spark)

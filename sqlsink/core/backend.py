@@ -1,0 +1,68 @@
+"""What the protocol needs from a database: the seam between core and backend."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from sqlsink.core.model import Decision, PreparedTransaction
+
+
+class TwoPhaseBackend(Protocol):
+    """A database session of the committer or of recovery (never a partition's)."""
+
+    @property
+    def database(self) -> str:
+        """The current database (prepared gids of other databases are never touched)."""
+        ...
+
+    def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
+        """Hold the sink's lock: committers and recoveries of one sink take turns."""
+        ...
+
+    def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
+        """Prepared transactions whose gid may be this sink's (all sinks for None)."""
+        ...
+
+    def decisions(
+        self, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], Decision]:
+        """The decisions of these (sink, batch) pairs plus every incomplete one."""
+        ...
+
+    def bound_query(self, sink_id: str) -> str | None:
+        """The query id the sink is bound to, if any."""
+        ...
+
+    def bind(self, sink_id: str, query_id: str) -> str:
+        """Bind the sink to the query if unbound; return the query id it is bound to."""
+        ...
+
+    def has_batches(self, sink_id: str) -> bool: ...
+
+    def insert_decision(
+        self,
+        sink_id: str,
+        batch_id: int,
+        gids: Collection[str],
+        rows: int,
+        query_id: str | None,
+        run_id: str | None,
+    ) -> bool:
+        """Write the decision (durably) unless one exists; True if this call wrote it."""
+        ...
+
+    def commit_prepared(self, gid: str) -> bool:
+        """COMMIT PREPARED; False if no such prepared transaction exists (any more)."""
+        ...
+
+    def rollback_prepared(self, gid: str) -> bool:
+        """ROLLBACK PREPARED; False if no such prepared transaction exists (any more)."""
+        ...
+
+    def visible_markers(self, gids: Collection[str]) -> set[str]:
+        """Those of the gids whose partition marker row is committed."""
+        ...
+
+    def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None: ...

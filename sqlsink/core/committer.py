@@ -1,0 +1,266 @@
+"""The committer: decides batches and resolves prepared transactions.
+
+Each row is a point where the driver (or a task, or PostgreSQL) can die, what
+that leaves behind, and what resolves it. "Resolve" is ``plan_resolution`` run
+under the sink lock, by the next ``commit_batch``, by the pre-write check of the
+next run's tasks, or by ``sqlsink recover``.
+
+| step (batch N)                          | a crash here leaves              | resolved by                         |
+|-----------------------------------------|----------------------------------|-------------------------------------|
+| task: BEGIN .. COPY .. marker           | nothing (the server rolls back)  | -                                   |
+| task: PREPARE done, attempt then lost   | a gid no message names           | rolled back: N's commit or a later  |
+| all prepared, no decision yet           | prepared gids, no decision       | rolled back; Spark re-runs N        |
+| decision written, COMMIT PREPARED ..    | some committed, some prepared    | the decided rest committed; the     |
+|                                         |                                  | re-run of N skips (decision exists) |
+| all committed, before Spark's commits/N | everything committed             | re-run: tasks skip, commit no-op    |
+| ``commit_batch`` raises                 | Spark calls ``abort_batch``      | roll back only if undecided         |
+
+Deciding requires every gid of the batch to be still prepared, checked under the
+sink lock; resolution takes the same lock. So a gid that a resolution rolled back
+can never be named by a decision written afterwards, and a decided gid found
+neither prepared nor with a visible marker is data loss: reported, never skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from sqlsink.core.backend import TwoPhaseBackend
+from sqlsink.core.faults import crash_point
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import Decision, PartitionOutcome, ResolutionReport
+from sqlsink.core.resolution import Action, Plan, Scope, plan_resolution
+from sqlsink.errors import CommitError, DataLossError, SinkBindingError
+
+log = logging.getLogger("sqlsink")
+
+
+class Committer:
+    """The protocol's driver side for one sink (or, for recovery, all sinks: ``sink_id=None``)."""
+
+    def __init__(self, backend: TwoPhaseBackend, sink_id: str | None) -> None:
+        self.backend = backend
+        self.sink_id = sink_id
+
+    # -- binding (invariant 8) ---------------------------------------------------------
+
+    def check_binding(self, query_id: str | None) -> None:
+        """Bind the sink to ``query_id``; refuse when it is bound to another query with batches."""
+        if query_id is None or self.sink_id is None:
+            return
+        bound = self.backend.bound_query(self.sink_id)
+        if bound == query_id:
+            return
+        if bound is not None and self.backend.has_batches(self.sink_id):
+            raise binding_error(self.sink_id, bound, query_id)
+        self.backend.bind(self.sink_id, query_id)
+
+    # -- the batch ---------------------------------------------------------------------
+
+    def commit_batch(
+        self,
+        batch_id: int,
+        outcomes: Sequence[PartitionOutcome | None],
+        *,
+        query_id: str | None,
+        run_id: str | None,
+    ) -> ResolutionReport:
+        """Decide batch N (once) and commit exactly its decided gids. Idempotent."""
+        sink_id = self._sink()
+        started = time.monotonic()
+        with self.backend.sink_lock(sink_id):
+            self.check_binding(query_id)
+            decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+            if decision is None:
+                crash_point("before_decision", batch_id)
+                self._decide(batch_id, outcomes, query_id, run_id)
+                crash_point("after_decision", batch_id)
+            decided = time.monotonic()
+            scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
+            report = self._resolve(scope, dry_run=False)[1]
+            crash_point("after_commit", batch_id)
+        rows = sum(o.rows for o in outcomes if o is not None and not o.skipped)
+        log.info(
+            "sqlsink %s: batch %d committed: %d partitions, %d rows, decided in %.1f ms, "
+            "resolved in %.1f ms, %d orphan(s) rolled back",
+            sink_id,
+            batch_id,
+            len(outcomes),
+            rows,
+            (decided - started) * 1000,
+            (time.monotonic() - decided) * 1000,
+            len(report.rolled_back),
+        )
+        return report
+
+    def _decide(
+        self,
+        batch_id: int,
+        outcomes: Sequence[PartitionOutcome | None],
+        query_id: str | None,
+        run_id: str | None,
+    ) -> None:
+        sink_id = self._sink()
+        if any(o is None for o in outcomes):
+            raise CommitError(
+                f"batch {batch_id}: a task reported no result; the batch is not decided "
+                "and Spark retries it",
+                batch=batch_id,
+            )
+        present = [o for o in outcomes if o is not None]
+        if any(o.skipped for o in present):
+            raise CommitError(
+                f"batch {batch_id}: tasks found the batch decided, but its decision is gone "
+                "from sqlsink.decisions (deleted by hand?); restart the query so the batch is "
+                "written again",
+                batch=batch_id,
+            )
+        still_prepared = {t.gid for t in self.backend.prepared(sink_id)}
+        for outcome in present:
+            if outcome.gid is not None and outcome.gid not in still_prepared:
+                raise CommitError(
+                    f"batch {batch_id}, partition {outcome.partition_id}: transaction "
+                    f"{outcome.gid} is no longer prepared (rolled back by a recovery of "
+                    "another run of this sink, or by hand); the batch is rolled back and "
+                    "Spark retries it",
+                    batch=batch_id,
+                    partition=outcome.partition_id,
+                    gid=outcome.gid,
+                )
+        gids = [o.gid for o in present if o.gid is not None]
+        rows = sum(o.rows for o in present)
+        self.backend.insert_decision(sink_id, batch_id, gids, rows, query_id, run_id)
+
+    def abort_batch(
+        self, batch_id: int, outcomes: Sequence[PartitionOutcome | None], *, run_id: str | None
+    ) -> ResolutionReport:
+        """Roll back batch N unless it is decided; a decided batch is rolled forward."""
+        sink_id = self._sink()
+        with self.backend.sink_lock(sink_id):
+            decided = (sink_id, batch_id) in self.backend.decisions(sink_id, [(sink_id, batch_id)])
+            if run_id is None:
+                run_id = next((o.run_id for o in outcomes if o and o.run_id), None)
+            if decided:
+                scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
+            else:
+                scope = Scope.aborting(run_id, batch_id) if run_id else Scope.everything()
+            report = self._resolve(scope, dry_run=False)[1]
+        log.warning(
+            "sqlsink %s: batch %d aborted (%s): %d rolled back, %d committed",
+            sink_id,
+            batch_id,
+            "decided, rolled forward" if decided else "undecided",
+            len(report.rolled_back),
+            len(report.committed),
+        )
+        return report
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def recover(self, *, dry_run: bool = False) -> tuple[Plan, ResolutionReport]:
+        """Resolve every prepared gid of the sink (of every sink when ``sink_id`` is None)."""
+        with self.backend.sink_lock(self.sink_id):
+            return self._resolve(Scope.everything(), dry_run=dry_run)
+
+    def resolve_leftovers(self, run_id: str, batch_id: int) -> ResolutionReport:
+        """Before a task of a live run writes: resolve what dead runs left (their locks)."""
+        with self.backend.sink_lock(self._sink()):
+            return self._resolve(Scope.live(run_id, batch_id), dry_run=False)[1]
+
+    def plan(self, scope: Scope) -> Plan:
+        """The plan for the current state, without acting (caller holds the lock or accepts races)."""
+        return self._plan(scope)[0]
+
+    def _plan(self, scope: Scope) -> tuple[Plan, dict[tuple[str, int], Decision]]:
+        prepared = self.backend.prepared(self.sink_id)
+        batches = {(g.sink_id, g.batch_id) for t in prepared if (g := Gid.parse(t.gid)) is not None}
+        decisions = self.backend.decisions(self.sink_id, batches)
+        plan = plan_resolution(
+            prepared, decisions, database=self.backend.database, sink_id=self.sink_id, scope=scope
+        )
+        return plan, decisions
+
+    def _resolve(self, scope: Scope, *, dry_run: bool) -> tuple[Plan, ResolutionReport]:
+        plan, decisions = self._plan(scope)
+        report = ResolutionReport(left=plan.gids(Action.LEAVE))
+        if dry_run:
+            report.committed, report.rolled_back = plan.gids(Action.COMMIT), plan.gids(Action.ROLLBACK)
+            return plan, report
+        to_verify = list(plan.to_verify)
+        for action in plan.actions:
+            gid = action.prepared.gid
+            if action.action is Action.COMMIT:
+                if self.backend.commit_prepared(gid):
+                    report.committed.append(gid)
+                    if action.gid is not None:
+                        crash_point("mid_commit", action.gid.batch_id)
+                elif action.gid is not None:  # finished meanwhile, by someone else
+                    to_verify.append((action.gid.batch_id, gid))
+            elif action.action is Action.ROLLBACK:
+                if self.backend.rollback_prepared(gid):
+                    report.rolled_back.append(gid)
+        self._verify(to_verify, report)
+        self._complete(decisions, report)
+        if report.lost:
+            raise data_loss_error(report.lost)
+        return plan, report
+
+    def _verify(self, to_verify: list[tuple[int, str]], report: ResolutionReport) -> None:
+        if not to_verify:
+            return
+        visible = self.backend.visible_markers([gid for _, gid in to_verify])
+        for batch_id, gid in to_verify:
+            if gid in visible:
+                report.already_committed.append(gid)
+            else:
+                report.lost.append((batch_id, gid))
+
+    def _complete(
+        self, decisions: dict[tuple[str, int], Decision], report: ResolutionReport
+    ) -> None:
+        done = set(report.committed) | set(report.already_committed)
+        lost = {gid for _, gid in report.lost}
+        by_sink: dict[str, list[int]] = {}
+        for (sink_id, batch_id), decision in decisions.items():
+            if decision.complete or decision.gids & lost or not decision.gids <= done:
+                continue
+            by_sink.setdefault(sink_id, []).append(batch_id)
+        for sink_id, batch_ids in by_sink.items():
+            self.backend.mark_complete(sink_id, batch_ids)
+            report.completed_batches += batch_ids
+
+    def _sink(self) -> str:
+        if self.sink_id is None:
+            raise ValueError("this operation needs a sink id")
+        return self.sink_id
+
+
+def binding_error(sink_id: str, bound: str, query_id: str) -> SinkBindingError:
+    return SinkBindingError(
+        f"sink {sink_id!r} is bound to streaming query {bound}, whose batches are in its "
+        f"commit log; this is query {query_id}. Sharing the sink id would make this query "
+        "skip its early batches as already committed. Restart the original query from its "
+        "checkpoint, or give this query its own sinkId option; to forget the old query's "
+        f"log instead, run: DELETE FROM sqlsink.sinks WHERE sink_id = '{sink_id}'",
+        sink_id=sink_id,
+        bound_query=bound,
+        query_id=query_id,
+    )
+
+
+def data_loss_error(lost: list[tuple[int, str]]) -> DataLossError:
+    details = []
+    for batch_id, gid in lost[:20]:
+        parsed = Gid.parse(gid)
+        where = f"partition {parsed.partition_id}" if parsed else "partition ?"
+        details.append(f"batch {batch_id} {where} ({gid})")
+    more = f" and {len(lost) - 20} more" if len(lost) > 20 else ""
+    return DataLossError(
+        "data loss: decided transaction(s) are neither prepared nor committed (someone "
+        f"rolled them back): {'; '.join(details)}{more}. Those rows are missing from the "
+        "target. Restore them from the source for these batches; see the README's "
+        "'data loss' runbook",
+        lost=lost,
+    )

@@ -1,0 +1,58 @@
+"""The records the protocol works with, free of Spark and of any database driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class PartitionOutcome:
+    """What one partition task reports to the committer (inside Spark's commit message)."""
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    gid: str | None  # None: nothing prepared (skipped replay, or committed directly)
+    rows: int
+    skipped: bool  # the batch was already decided: the task wrote nothing
+    query_id: str | None
+    run_id: str | None
+    started_at: float  # epoch seconds: the task's first write
+    prepared_at: float  # epoch seconds: PREPARE done (or commit for at-least-once)
+
+
+@dataclass(frozen=True)
+class PreparedTransaction:
+    """One row of the server's list of prepared transactions."""
+
+    gid: str
+    database: str
+    owner: str
+    prepared_at: datetime
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The commit decision of one batch: exactly these gids are committed, nothing else."""
+
+    sink_id: str
+    batch_id: int
+    gids: frozenset[str]
+    rows: int
+    decided_at: datetime
+    complete: bool  # every gid is known committed (verified by its marker)
+    query_id: str | None = None
+    run_id: str | None = None
+
+
+@dataclass
+class ResolutionReport:
+    """What a resolution did (or, in a dry run, would do)."""
+
+    committed: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    already_committed: list[str] = field(default_factory=list)
+    lost: list[tuple[int, str]] = field(default_factory=list)  # (batch, gid)
+    completed_batches: list[int] = field(default_factory=list)

@@ -1,0 +1,123 @@
+"""The sink's options: parsed once on the driver, case-insensitive, checked as a whole."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from sqlsink.core.gid import check_sink_id
+from sqlsink.errors import ConfigError
+from sqlsink.postgres.catalog import TableName
+
+
+class Semantic(enum.Enum):
+    """Delivery guarantee, named after Flink's: ``none`` is best effort, no flush guarantee."""
+
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+    NONE = "none"
+
+
+# option name (lower case) -> shown name, for messages
+KNOWN = {
+    "url": "url",
+    "table": "table",
+    "password": "password",
+    "sinkid": "sinkId",
+    "semantic": "semantic",
+    "createtable": "createTable",
+    "mode": "mode",
+    "locktimeout": "lockTimeout",
+}
+# set by Spark itself, never by the user
+SPARK_OWNED = {"checkpointlocation", "path", "queryname"}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|min|minutes?|h|hours?)?\s*")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60}
+_UNIT_SECONDS |= {"minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600}
+
+
+def parse_duration(name: str, text: str) -> float:
+    """Seconds from '30s', '500ms', '15min', '2h' or a bare number of seconds."""
+    match = _DURATION.fullmatch(text)
+    if not match:
+        raise ConfigError(f"option {name}: {text!r} is not a duration (e.g. '30s', '15min')")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    if text.strip().lower() in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name}: {text!r} is not true or false")
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    url: str
+    table: TableName
+    password: str | None = None
+    sink_id: str | None = None  # None: the streaming query's id
+    semantic: Semantic = Semantic.EXACTLY_ONCE
+    create_table: bool = False
+    lock_timeout_s: float = 60.0
+    checkpoint: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        problems = [f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED]
+        problems += [f"option {KNOWN[k]} is required" for k in ("url", "table") if not opts.get(k)]
+        if problems:
+            known = ", ".join(sorted(KNOWN.values()))
+            raise ConfigError(f"sqlsink options: {'; '.join(problems)} (known options: {known})")
+        try:
+            table = TableName.parse(opts["table"])
+        except ValueError as exc:
+            raise ConfigError(f"option table: {exc}") from None
+        semantic_text = opts.get("semantic", "exactly_once").strip().lower()
+        try:
+            semantic = Semantic(semantic_text)
+        except ValueError:
+            choices = ", ".join(s.value for s in Semantic)
+            raise ConfigError(
+                f"option semantic: unknown value {semantic_text!r} (choose one of {choices})"
+            ) from None
+        mode = opts.get("mode", "append").strip().lower()
+        if mode != "append":
+            raise ConfigError(f"option mode: {mode!r} is not supported (supported: append)")
+        sink_id = opts.get("sinkid")
+        return cls(
+            url=opts["url"],
+            table=table,
+            password=opts.get("password"),
+            sink_id=check_sink_id(sink_id) if sink_id else None,
+            semantic=semantic,
+            create_table=_parse_bool("createTable", opts.get("createtable", "false")),
+            lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
+            checkpoint=opts.get("checkpointlocation"),
+        )
+
+    def __repr__(self) -> str:  # never show the password, even in a debugger
+        return f"SinkOptions(table={self.table}, sink_id={self.sink_id}, semantic={self.semantic})"
+
+
+def checkpoint_query_id(checkpoint: str | None) -> str | None:
+    """The query id in a local checkpoint's ``metadata`` file (None if not readable here)."""
+    if not checkpoint:
+        return None
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        return None  # HDFS, S3, ...: the tasks' query id is used instead
+    path = Path(unquote(parsed.path) if parsed.scheme else checkpoint) / "metadata"
+    try:
+        first_line = path.read_text(encoding="utf-8").splitlines()[0]
+        query_id = json.loads(first_line)["id"]
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
+    return str(query_id)

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: connections, COPY, prepare/commit, the commit log."""

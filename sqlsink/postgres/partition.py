@@ -1,0 +1,248 @@
+"""One partition's transaction, on an executor.
+
+exactly_once: connect; skip if the batch is decided (a replay); resolve what dead
+runs left prepared (their locks would block us); BEGIN; COPY the rows; insert the
+marker row; PREPARE TRANSACTION gid; check the server really prepared (a failed
+transaction answers PREPARE with the tag ROLLBACK); close. On any error: ROLLBACK
+(never ROLLBACK PREPARED: after a failed PREPARE that gid may be someone else's)
+and close.
+
+at_least_once / none: the same load, committed directly (``none`` without waiting
+for the WAL flush).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from sqlsink.core.committer import Committer, binding_error
+from sqlsink.core.faults import crash_point
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.resolution import Scope
+from sqlsink.errors import SqlsinkError, TransientError, WriteError
+from sqlsink.options import Semantic, SinkOptions
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.connection import Connection, connect, scrub
+from sqlsink.postgres.encoding import build_encoder, write_batches
+from sqlsink.postgres.target import TargetPlan
+
+_STATE = """
+SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
+       (SELECT query_id FROM sqlsink.sinks WHERE sink_id = %(sink)s),
+       EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s),
+       ARRAY(SELECT gid FROM pg_prepared_xacts
+             WHERE gid LIKE %(prefix)s AND database = current_database())
+"""
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Who is writing: taken from Spark's TaskContext by the adapter."""
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    run_id: str
+    attempt_id: int  # Spark's taskAttemptId: unique within a run
+    attempt_number: int  # Spark's attemptNumber: 0 for a task's first attempt
+    query_id: str | None
+
+    def gid(self) -> Gid:
+        return Gid(self.sink_id, self.batch_id, self.partition_id, self.run_id, self.attempt_id)
+
+    def where(self) -> str:
+        return f"sink {self.sink_id}, batch {self.batch_id}, partition {self.partition_id}"
+
+
+def write_partition(
+    options: SinkOptions,
+    target: TargetPlan,
+    task: TaskIdentity,
+    batches: Iterable[pa.RecordBatch],
+) -> PartitionOutcome:
+    """Load the partition's rows; return what the committer needs to know."""
+    rows_iter = iter(batches)
+    first = _first_nonempty(rows_iter)
+    if first is None:  # nothing to write: no transaction, no gid (costs nothing to commit)
+        now = time.time()
+        return _outcome(task, None, 0, skipped=False, started=now)
+    started = time.time()
+    conn = connect(
+        options.url, options.password, application_name=f"sqlsink {task.where()}"
+    )
+    try:
+        if _already_decided(conn, task):
+            for _ in rows_iter:  # Spark expects the iterator consumed
+                pass
+            return _outcome(task, None, 0, skipped=True, started=started)
+        gid = task.gid() if options.semantic is Semantic.EXACTLY_ONCE else None
+        rows = _load(conn, options, target, task, gid, itertools.chain([first], rows_iter))
+        return _outcome(task, str(gid) if gid else None, rows, skipped=False, started=started)
+    finally:
+        conn.close()  # after PREPARE, closing leaves the transaction prepared
+
+
+def _first_nonempty(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:
+    for batch in batches:
+        if batch.num_rows:
+            return batch
+    return None
+
+
+def _state(conn: Connection, task: TaskIdentity) -> tuple[bool, str | None, bool, list[str]]:
+    prefix = Gid.sink_prefix(task.sink_id).replace("_", r"\_") + "%"
+    row = conn.execute(
+        _STATE, {"sink": task.sink_id, "batch": task.batch_id, "prefix": prefix}
+    ).fetchone()
+    assert row is not None
+    decided, bound_query, has_batches, prepared = row
+    return bool(decided), bound_query, bool(has_batches), list(prepared)
+
+
+def _already_decided(conn: Connection, task: TaskIdentity) -> bool:
+    """Replay check, binding check (invariant 8), and the leftovers of dead runs."""
+    decided, bound_query, has_batches, prepared = _state(conn, task)
+    if task.query_id is not None and bound_query not in (None, task.query_id) and has_batches:
+        raise binding_error(task.sink_id, str(bound_query), task.query_id)
+    if decided:
+        return True
+    scope = Scope.live(task.run_id, task.batch_id)
+    if any(g is not None and not scope.in_flight(g) for g in map(Gid.parse, prepared)):
+        Committer(PostgresBackend(conn), task.sink_id).resolve_leftovers(task.run_id, task.batch_id)
+        return _state(conn, task)[0]  # resolution may have completed this very batch
+    return False
+
+
+def _load(
+    conn: Connection,
+    options: SinkOptions,
+    target: TargetPlan,
+    task: TaskIdentity,
+    gid: Gid | None,
+    batches: Iterator[pa.RecordBatch],
+) -> int:
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in target.columns)
+    copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        target.table.identifier(), columns
+    )
+    counted = _Counter(batches)
+    try:
+        conn.execute("BEGIN")
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, true)",
+            (f"{int(options.lock_timeout_s * 1000)}ms",),
+        )
+        if options.semantic is Semantic.NONE:
+            conn.execute("SET LOCAL synchronous_commit = off")
+        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            first = next(counted)
+            encoder = build_encoder(list(first.schema), list(target.columns))
+            write_batches(copy, encoder, itertools.chain([first], counted))
+        if gid is None:
+            conn.execute("COMMIT")
+            return counted.rows
+        conn.execute(
+            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows),
+        )
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
+            if cur.statusmessage != "PREPARE TRANSACTION":
+                raise TransientError(
+                    f"{task.where()}: the server did not prepare transaction {gid} "
+                    f"(it answered {cur.statusmessage!r}); the batch is retried",
+                    gid=str(gid),
+                )
+        crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
+        return counted.rows
+    except psycopg.Error as exc:
+        _rollback_quietly(conn)
+        raise _write_error(exc, options, target, task) from None
+    except SqlsinkError:
+        _rollback_quietly(conn)
+        raise
+
+
+class _Counter(Iterator[pa.RecordBatch]):
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self.batches = batches
+        self.rows = 0
+
+    def __next__(self) -> pa.RecordBatch:
+        batch = next(self.batches)
+        self.rows += batch.num_rows
+        return batch
+
+
+def _rollback_quietly(conn: Connection) -> None:
+    if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        conn.close()  # the server rolls back an open transaction of a closed session
+
+
+def _write_error(
+    exc: psycopg.Error, options: SinkOptions, target: TargetPlan, task: TaskIdentity
+) -> SqlsinkError:
+    diag = exc.diag
+    message = scrub(diag.message_primary or str(exc), options.url, options.password)
+    column = diag.column_name or _column_from_context(diag.context)
+    parts = [f"{task.where()}: writing to table {target.table} failed"]
+    if column:
+        parts.append(f"column {column!r}")
+    parts.append(f"server says: {message}")
+    if diag.message_detail:
+        parts.append(scrub(diag.message_detail, options.url, options.password))
+    fix = _fix_for(diag.sqlstate)
+    text = "; ".join(parts) + f". Nothing of batch {task.batch_id} is visible. {fix}"
+    if isinstance(exc, psycopg.OperationalError) or diag.sqlstate in ("40001", "40P01", "55P03"):
+        return TransientError(text, batch=task.batch_id, partition=task.partition_id)
+    return WriteError(text, batch=task.batch_id, partition=task.partition_id, column=column)
+
+
+def _column_from_context(context: str | None) -> str | None:
+    # e.g. 'COPY t_1, line 3, column amount: "abc"'
+    if context and ", column " in context:
+        return context.split(", column ", 1)[1].split(":", 1)[0]
+    return None
+
+
+def _fix_for(sqlstate: str | None) -> str:
+    if sqlstate == "55P03":
+        return (
+            "Fix: another transaction (maybe another partition of the same batch) holds a lock "
+            "on the same rows; partition the DataFrame by the table's key, or raise lockTimeout"
+        )
+    if sqlstate and sqlstate.startswith("23"):
+        return "Fix: correct or filter the offending rows, then restart the query"
+    if sqlstate and sqlstate.startswith("22"):
+        return "Fix: cast or clean the column's values in Spark, then restart the query"
+    return "Fix the cause, then restart the query from its checkpoint"
+
+
+def _outcome(
+    task: TaskIdentity, gid: str | None, rows: int, *, skipped: bool, started: float
+) -> PartitionOutcome:
+    return PartitionOutcome(
+        sink_id=task.sink_id,
+        batch_id=task.batch_id,
+        partition_id=task.partition_id,
+        gid=gid,
+        rows=rows,
+        skipped=skipped,
+        query_id=task.query_id,
+        run_id=task.run_id,
+        started_at=started,
+        prepared_at=time.time(),
+    )

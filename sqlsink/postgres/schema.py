@@ -1,0 +1,61 @@
+"""The ``sqlsink`` schema: versioned DDL from ``sql/``, applied in order, once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+
+from sqlsink.errors import ConfigError
+from sqlsink.postgres.connection import Connection
+
+_MIGRATION = re.compile(r"(\d{3})_[a-z0-9_]+\.sql")
+_LOCK_KEY = "sqlsink:schema"
+
+
+def sql_dir() -> Path:
+    """The DDL folder: inside the installed package, or the checkout's top-level ``sql/``."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "sql", here.parent / "sql"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError(f"sqlsink's DDL folder is missing (looked beside {here})")
+
+
+def migrations() -> list[tuple[int, Path]]:
+    found = [(int(m.group(1)), p) for p in sql_dir().iterdir() if (m := _MIGRATION.fullmatch(p.name))]
+    return sorted(found)
+
+
+def latest_version() -> int:
+    return migrations()[-1][0]
+
+
+def installed_version(conn: Connection) -> int:
+    """0 when the schema is not installed."""
+    row = conn.execute("SELECT to_regclass('sqlsink.schema_version') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return 0
+    version = conn.execute("SELECT coalesce(max(version), 0) FROM sqlsink.schema_version").fetchone()
+    return int(str(version[0])) if version else 0
+
+
+def ensure_schema(conn: Connection) -> int:
+    """Install or migrate the schema; return its version. Cheap when up to date."""
+    if installed_version(conn) >= latest_version():
+        return latest_version()
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
+            current = installed_version(conn)
+            for version, path in migrations():
+                if version > current:
+                    conn.execute(path.read_text(encoding="utf-8").encode())
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigError(
+            "cannot create the sqlsink schema (the commit log): "
+            f"{exc.diag.message_primary}. Run sql/setup_role.sql as a superuser or grant "
+            "this role CREATE on the database (GRANT CREATE ON DATABASE <db> TO <role>)",
+        ) from None
+    return latest_version()

@@ -1,0 +1,71 @@
+"""The target table: created when asked (SQLAlchemy DDL), then matched to the DataFrame."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from sqlsink.errors import ConfigError
+from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns
+from sqlsink.postgres.connection import Connection
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """Where each DataFrame column goes; pickled into the writer for the executors."""
+
+    table: TableName
+    columns: tuple[TargetColumn, ...]  # aligned with the DataFrame's fields
+
+
+def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column[object]]) -> None:
+    """CREATE TABLE IF NOT EXISTS from SQLAlchemy columns, on the sink's own connection."""
+    metadata = sa.MetaData(schema=table.schema)
+    sa_table = sa.Table(table.name, metadata, *columns)
+    ddl = sa.schema.CreateTable(sa_table, if_not_exists=True)
+    statement = str(ddl.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
+    conn.execute(statement.encode())
+
+
+def plan_target(
+    conn: Connection,
+    table: TableName,
+    field_names: Sequence[str],
+    create_columns: Sequence[sa.Column[object]] | None,
+) -> TargetPlan:
+    """Match the DataFrame's columns to the table's, creating the table if asked and missing."""
+    columns = table_columns(conn, table)
+    if not columns and create_columns is not None:
+        create_table(conn, table, create_columns)
+        columns = table_columns(conn, table)
+    if not columns:
+        raise ConfigError(
+            f"table {table} does not exist (or this role cannot see it): create it, "
+            "or set the option createTable=true to create it from the DataFrame's schema"
+        )
+    by_name = {c.name: c for c in columns}
+    by_lower = {c.name.lower(): c for c in columns}
+    matched: list[TargetColumn] = []
+    problems: list[str] = []
+    for name in field_names:
+        column = by_name.get(name) or by_lower.get(name.lower())
+        if column is None:
+            problems.append(f"column {name!r} of the DataFrame is not in table {table}")
+        else:
+            matched.append(column)
+    written = {c.name for c in matched}
+    for column in columns:
+        if column.name not in written and column.not_null and not column.has_default:
+            problems.append(
+                f"column {column.name!r} of table {table} is NOT NULL without a default, "
+                "and the DataFrame has no such column"
+            )
+    if problems:
+        raise ConfigError(
+            f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
+            "select/rename the DataFrame's columns to the table's, or alter the table"
+        )
+    return TargetPlan(table, tuple(matched))

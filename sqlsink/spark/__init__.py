@@ -1,0 +1,1 @@
+"""The thin Spark adapter: the "sqlsink" data source and its writers."""

@@ -1,0 +1,167 @@
+"""The "sqlsink" Python data source: a thin adapter from Spark to the protocol.
+
+    import sqlsink
+    sqlsink.register(spark)
+    (events.writeStream.format("sqlsink")
+        .option("url", "postgresql://app@db:5432/shop")
+        .option("table", "public.events")
+        .option("checkpointLocation", "/chk/events")
+        .start())
+
+``streamWriter()`` runs on the driver before every batch (and again in every
+commit/abort worker): it parses the options, installs the commit log, checks the
+server and plans the target once per batch, cheaply. ``write()`` runs on the
+executors (the partition transaction), ``commit()``/``abort()`` on the driver in
+a fresh worker each time: nothing is kept in the writer between calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from sqlsink.core.model import PartitionOutcome
+from sqlsink.errors import ConfigError
+from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
+from sqlsink.postgres.target import TargetPlan
+
+log = logging.getLogger("sqlsink")
+
+
+@dataclass
+class SqlsinkCommitMessage(WriterCommitMessage):
+    outcome: PartitionOutcome
+
+
+class SqlsinkDataSource(DataSource):
+    """Spark data source "sqlsink" (writing only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sqlsink"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
+        options = SinkOptions.parse(dict(self.options))
+        sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
+        target = _plan_target(options, schema)
+        return SqlsinkStreamWriter(options, target, sink_id)
+
+
+def _plan_target(options: SinkOptions, schema: StructType) -> TargetPlan:
+    from sqlsink.postgres.checks import require_prepared_transactions
+    from sqlsink.postgres.connection import connect
+    from sqlsink.postgres.schema import ensure_schema
+    from sqlsink.postgres.target import plan_target
+    from sqlsink.spark.types import table_columns
+
+    with connect(options.url, options.password, application_name="sqlsink planner") as conn:
+        if options.semantic is Semantic.EXACTLY_ONCE:
+            require_prepared_transactions(conn)
+        ensure_schema(conn)
+        create = table_columns(schema) if options.create_table else None
+        return plan_target(conn, options.table, schema.fieldNames(), create)
+
+
+class SqlsinkStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions, target: TargetPlan, sink_id: str | None) -> None:
+        self.options = options
+        self.target = target
+        self.sink_id = sink_id
+
+    def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
+        from pyspark import TaskContext
+
+        from sqlsink.postgres.partition import TaskIdentity, write_partition
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise ConfigError("sqlsink: write() called outside a Spark task")
+        query_id = ctx.getLocalProperty("sql.streaming.queryId")
+        sink_id = self.sink_id or query_id
+        if sink_id is None:
+            raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
+        task = TaskIdentity(
+            sink_id=sink_id,
+            batch_id=int(ctx.getLocalProperty("streaming.sql.batchId") or 0),
+            partition_id=ctx.partitionId(),
+            run_id=ctx.getLocalProperty("spark.jobGroup.id") or "norun",
+            attempt_id=ctx.taskAttemptId(),
+            attempt_number=ctx.attemptNumber(),
+            query_id=query_id,
+        )
+        return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        outcomes = _outcomes(messages)
+        sink_id = self._sink_id(outcomes)
+        if sink_id is None:
+            return  # no task wrote anything, and no sink id to look up: nothing to decide
+        with self._committer(sink_id) as committer:
+            committer.commit_batch(
+                batchId,
+                outcomes,
+                query_id=next((o.query_id for o in outcomes if o and o.query_id), None),
+                run_id=next((o.run_id for o in outcomes if o and o.run_id), None),
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        outcomes = _outcomes(messages)
+        sink_id = self._sink_id(outcomes)
+        if sink_id is None:
+            log.warning("sqlsink: batch %d aborted before any task reported; recovery at the "
+                        "next start resolves what it prepared", batchId)
+            return
+        with self._committer(sink_id) as committer:
+            committer.abort_batch(batchId, outcomes, run_id=None)
+
+    def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
+        return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
+
+    def _committer(self, sink_id: str) -> _CommitterSession:
+        return _CommitterSession(self.options, sink_id)
+
+
+class _CommitterSession:
+    """A connection and a Committer for one commit()/abort() call."""
+
+    def __init__(self, options: SinkOptions, sink_id: str) -> None:
+        self.options = options
+        self.sink_id = sink_id
+
+    def __enter__(self) -> Any:
+        from sqlsink.core.committer import Committer
+        from sqlsink.postgres.backend import PostgresBackend
+        from sqlsink.postgres.connection import connect
+
+        self.conn = connect(
+            self.options.url, self.options.password, application_name=f"sqlsink {self.sink_id} commit"
+        )
+        return Committer(PostgresBackend(self.conn), self.sink_id)
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+
+
+def _outcomes(messages: list[WriterCommitMessage | None]) -> list[PartitionOutcome | None]:
+    return [m.outcome if isinstance(m, SqlsinkCommitMessage) else None for m in messages]
+
+
+def register(spark: Any) -> None:
+    """Register the data source; warn when Spark's workers may run another Python."""
+    in_venv = sys.prefix != sys.base_prefix
+    if in_venv and os.environ.get("PYSPARK_PYTHON") != sys.executable:
+        log.warning(
+            "sqlsink: this driver runs in a virtualenv (%s) but PYSPARK_PYTHON does not point "
+            "at it, so Spark's Python workers may lack pyarrow/psycopg; set "
+            "PYSPARK_PYTHON=%s before starting Spark",
+            sys.prefix,
+            sys.executable,
+        )
+    spark.dataSource.register(SqlsinkDataSource)

@@ -1,0 +1,132 @@
+"""The PostgreSQL server the tests run against, and the prepared-transaction guard.
+
+Where the server comes from, in order: ``SQLSINK_TEST_URL`` (must allow prepared
+transactions); testcontainers when a Docker engine answers; else an embedded
+server (``sqlsink.postgres.embedded``) started here with max_prepared_transactions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink.postgres.embedded import EmbeddedPostgres
+
+TEST_DB = "sqlsink_test"
+SERVER_SETTINGS = {"max_prepared_transactions": 64, "fsync": "off", "max_connections": 120}
+
+
+@dataclass
+class PgServer:
+    admin_url: str  # the 'postgres' database, superuser
+    url: str  # the test database
+    embedded: EmbeddedPostgres | None = None
+
+    def crash_and_restart(self) -> None:
+        """Stop the server the way a crash does (-m immediate) and start it again."""
+        if self.embedded is None:
+            pytest.fail("this test needs the embedded server (unset SQLSINK_TEST_URL)")
+        self.embedded.stop("immediate")
+        self.embedded.start()
+
+    def db_url(self, dbname: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.admin_url, dbname=dbname)
+
+
+def _docker_answers() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _create_database(admin_url: str, dbname: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    if url := os.environ.get("SQLSINK_TEST_URL"):
+        server = PgServer(admin_url=url, url=url)
+        yield server
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16", driver=None).with_command(
+            "-c max_prepared_transactions=64"
+        ) as container:
+            admin = container.get_connection_url()
+            _create_database(admin, TEST_DB)
+            yield PgServer(admin, psycopg.conninfo.make_conninfo(admin, dbname=TEST_DB))
+        return
+    embedded = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), settings=SERVER_SETTINGS)
+    embedded.start()
+    try:
+        _create_database(embedded.url(), TEST_DB)
+        yield PgServer(embedded.url(), embedded.url(TEST_DB), embedded)
+    finally:
+        embedded.destroy()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    return pg_server.url
+
+
+@pytest.fixture
+def pg_conn(pg_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def table(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[str]:
+    """A unique table name in the public schema, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    yield name
+    pg_conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("public", name)))
+
+
+def prepared_transactions(admin_url: str) -> list[tuple[str, str]]:
+    """(gid, database) of every prepared transaction of the cluster."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid").fetchall()
+    return [(str(gid), str(db)) for gid, db in rows]
+
+
+def rollback_all_prepared(server: PgServer) -> None:
+    for gid, database in prepared_transactions(server.admin_url):
+        with psycopg.connect(server.db_url(database), autocommit=True) as conn:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
+@pytest.fixture(autouse=True)
+def no_prepared_transaction_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a prepared transaction behind (and clear it)."""
+    if "pg_server" not in request.fixturenames:
+        yield
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    before = prepared_transactions(server.admin_url)
+    if before:
+        rollback_all_prepared(server)
+    yield
+    left = prepared_transactions(server.admin_url)
+    if left:
+        rollback_all_prepared(server)
+        pytest.fail(f"the test left prepared transactions behind: {left}")

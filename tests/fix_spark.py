@@ -1,0 +1,62 @@
+"""One local SparkSession shared by every test that needs Spark.
+
+Spark's Python workers must run in this interpreter (the venv with pyarrow and
+psycopg): PYSPARK_PYTHON is set before the JVM starts. ``local[2,3]`` gives two
+cores and lets a failed task be retried (plain local mode never retries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqlsink.core.faults import ENV as FAULTS_ENV
+
+
+@pytest.fixture(scope="session")
+def faults_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("faults") / "faults.json"
+    path.write_text("[]")
+    return path
+
+
+@pytest.fixture(scope="session")
+def spark(faults_file: Path) -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ[FAULTS_ENV] = str(faults_file)
+    from pyspark.sql import SparkSession
+
+    import sqlsink
+
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("sqlsink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    sqlsink.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def faults(faults_file: Path) -> Iterator[Any]:
+    """Arm faults for this test: ``faults([{"point": ..., "batch": ..., "action": ...}])``."""
+
+    def arm(specs: list[dict[str, Any]]) -> None:
+        faults_file.write_text(json.dumps(specs))
+
+    yield arm
+    faults_file.write_text("[]")

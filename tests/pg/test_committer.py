@@ -1,0 +1,240 @@
+"""The committer and the recovery rule against a real PostgreSQL (no Spark).
+
+Partition transactions are prepared here by hand, the way the partition writer
+does (rows + marker + PREPARE), so every state of DESIGN.md section 3 can be set
+up exactly; the Spark tests prove the same windows end to end.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import PartitionOutcome
+from sqlsink.errors import CommitError, DataLossError, SinkBindingError
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.schema import ensure_schema
+from tests.fix_pg import PgServer, prepared_transactions
+
+RUN = "run-1"
+
+
+@pytest.fixture
+def sink_id() -> str:
+    return f"s-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def target(pg_conn: psycopg.Connection[tuple[object, ...]], table: str) -> str:
+    ensure_schema(pg_conn)  # type: ignore[arg-type]
+    pg_conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY)").format(sql.Identifier(table)))
+    return table
+
+
+@pytest.fixture
+def committer(pg_url: str, sink_id: str) -> Iterator[Committer]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield Committer(PostgresBackend(conn), sink_id)
+
+
+def prepare(
+    url: str, table: str, sink_id: str, batch: int, partition: int, ids: range,
+    run: str = RUN, attempt: int = 0,
+) -> PartitionOutcome:  # fmt: skip
+    """One partition transaction, as the partition writer does it, left prepared."""
+    gid = str(Gid(sink_id, batch, partition, run, attempt or batch * 100 + partition))
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("BEGIN")
+    with conn.cursor() as cur, cur.copy(
+        sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))
+    ) as copy:
+        for i in ids:
+            copy.write_row((i,))
+    conn.execute(
+        "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+        "VALUES (%s, %s, %s, %s, %s)",
+        (gid, sink_id, batch, partition, len(ids)),
+    )
+    conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    conn.close()
+    return PartitionOutcome(sink_id, batch, partition, gid, len(ids), False, "q1", run, 0.0, 0.0)
+
+
+def ids_in(conn: psycopg.Connection[tuple[object, ...]], table: str) -> list[int]:
+    rows = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))
+    return [int(str(r[0])) for r in rows]
+
+
+def sink_gids(server: PgServer, sink_id: str) -> list[str]:
+    return [g for g, _ in prepared_transactions(server.admin_url) if f"_{sink_id}_" in g]
+
+
+def test_batches_prepared_then_committed_in_order(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer,
+) -> None:  # fmt: skip
+    for batch in range(3):
+        outcomes = [
+            prepare(pg_url, target, sink_id, batch, p, range(batch * 10 + p * 5, batch * 10 + p * 5 + 5))
+            for p in range(2)
+        ]
+        assert ids_in(pg_conn, target) == list(range(batch * 10))  # nothing visible before
+        report = committer.commit_batch(batch, outcomes, query_id="q1", run_id=RUN)
+        assert sorted(report.committed) == sorted(o.gid for o in outcomes if o.gid)
+        assert report.completed_batches == [batch]
+    assert ids_in(pg_conn, target) == list(range(30))
+
+
+def test_commit_twice_and_a_late_commit_are_no_ops(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer,
+) -> None:  # fmt: skip
+    first = [prepare(pg_url, target, sink_id, 0, 0, range(5))]
+    committer.commit_batch(0, first, query_id="q1", run_id=RUN)
+    second = [prepare(pg_url, target, sink_id, 1, 0, range(5, 10))]
+    committer.commit_batch(1, second, query_id="q1", run_id=RUN)
+    again = committer.commit_batch(1, second, query_id="q1", run_id=RUN)
+    late = committer.commit_batch(0, first, query_id="q1", run_id=RUN)
+    assert again.committed == late.committed == []
+    assert ids_in(pg_conn, target) == list(range(10))
+
+
+def test_failure_before_decision_then_restart(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer, pg_server: PgServer,
+) -> None:  # fmt: skip
+    prepare(pg_url, target, sink_id, 0, 0, range(5))
+    prepare(pg_url, target, sink_id, 0, 1, range(5, 10))
+    # the driver dies here: no decision. Restart: recovery rolls both back
+    _, report = committer.recover()
+    assert len(report.rolled_back) == 2
+    assert sink_gids(pg_server, sink_id) == []
+    # the replay of batch 0 (another run, other rows even) commits once
+    replay = [prepare(pg_url, target, sink_id, 0, 0, range(3), run="run-2")]
+    committer.commit_batch(0, replay, query_id="q1", run_id="run-2")
+    assert ids_in(pg_conn, target) == [0, 1, 2]
+
+
+def test_decided_then_crash_mid_commit_recovery_rolls_forward(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer, pg_server: PgServer,
+) -> None:  # fmt: skip
+    outcomes = [prepare(pg_url, target, sink_id, 4, p, range(p * 5, p * 5 + 5)) for p in range(3)]
+    backend = committer.backend
+    backend.insert_decision(sink_id, 4, [o.gid for o in outcomes if o.gid], 15, "q1", RUN)
+    assert outcomes[0].gid is not None
+    backend.commit_prepared(outcomes[0].gid)  # ... and the driver dies
+    _, report = committer.recover()
+    assert len(report.committed) == 2 and report.already_committed == [outcomes[0].gid]
+    assert report.completed_batches == [4]
+    assert ids_in(pg_conn, target) == list(range(15))
+    assert sink_gids(pg_server, sink_id) == []
+
+
+def test_orphans_of_denied_attempts_are_swept(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer, pg_server: PgServer,
+) -> None:  # fmt: skip
+    orphan = prepare(pg_url, target, sink_id, 0, 0, range(100, 105), attempt=7)  # failed attempt
+    chosen = prepare(pg_url, target, sink_id, 0, 0, range(5), attempt=8)
+    report = committer.commit_batch(0, [chosen], query_id="q1", run_id=RUN)
+    assert report.rolled_back == [orphan.gid]
+    assert ids_in(pg_conn, target) == list(range(5))
+    assert sink_gids(pg_server, sink_id) == []
+
+
+def test_abort_rolls_back_undecided_but_never_decided(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer, pg_server: PgServer,
+) -> None:  # fmt: skip
+    undecided = [prepare(pg_url, target, sink_id, 0, 0, range(5))]
+    committer.abort_batch(0, [*undecided, None], run_id=RUN)
+    assert ids_in(pg_conn, target) == [] and sink_gids(pg_server, sink_id) == []
+
+    decided = [prepare(pg_url, target, sink_id, 1, p, range(p * 5, p * 5 + 5)) for p in range(2)]
+    committer.backend.insert_decision(sink_id, 1, [o.gid for o in decided if o.gid], 10, "q1", RUN)
+    committer.abort_batch(1, decided, run_id=RUN)  # must roll forward, not back
+    assert ids_in(pg_conn, target) == list(range(10))
+
+
+def test_a_decided_gid_rolled_back_by_hand_is_data_loss(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer,
+) -> None:  # fmt: skip
+    outcomes = [prepare(pg_url, target, sink_id, 2, p, range(p * 5, p * 5 + 5)) for p in range(2)]
+    committer.backend.insert_decision(sink_id, 2, [o.gid for o in outcomes if o.gid], 10, "q1", RUN)
+    assert outcomes[1].gid is not None
+    pg_conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcomes[1].gid)))
+    with pytest.raises(DataLossError, match=r"batch 2 partition 1") as err:
+        committer.recover()
+    assert err.value.context["lost"] == [(2, outcomes[1].gid)]
+    assert ids_in(pg_conn, target) == list(range(5))  # the rest was still committed
+    with pytest.raises(DataLossError):  # and it stays loud
+        committer.recover()
+
+
+def test_a_gid_gone_before_the_decision_is_not_decided(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    committer: Committer, pg_server: PgServer,
+) -> None:  # fmt: skip
+    outcomes = [prepare(pg_url, target, sink_id, 0, p, range(p * 5, p * 5 + 5)) for p in range(2)]
+    assert outcomes[0].gid is not None
+    pg_conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcomes[0].gid)))
+    with pytest.raises(CommitError, match="no longer prepared"):
+        committer.commit_batch(0, outcomes, query_id="q1", run_id=RUN)
+    assert committer.backend.decisions(sink_id, [(sink_id, 0)]) == {}
+    committer.abort_batch(0, outcomes, run_id=RUN)
+    assert ids_in(pg_conn, target) == [] and sink_gids(pg_server, sink_id) == []
+
+
+def test_sink_bound_to_another_query_is_refused(
+    pg_url: str, target: str, sink_id: str, committer: Committer
+) -> None:
+    committer.commit_batch(0, [prepare(pg_url, target, sink_id, 0, 0, range(2))], query_id="q1",
+                           run_id=RUN)  # fmt: skip
+    with pytest.raises(SinkBindingError, match="bound to streaming query q1") as err:
+        committer.commit_batch(1, [], query_id="q2", run_id="run-2")
+    assert "sinkId" in str(err.value)
+
+
+def test_foreign_prepared_transactions_survive_recovery(
+    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    pg_server: PgServer,
+) -> None:  # fmt: skip
+    other_db = f"other_{uuid.uuid4().hex[:6]}"
+    pg_conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(other_db)))
+    other_url = pg_server.db_url(other_db)
+    foreign = [
+        "app_tx_1",
+        f"sqlsink_{sink_id}_0_0",  # our prefix, not our shape
+        f"sqlsink_{sink_id}x_0_0_{RUN}_1",  # a similar sink id
+        str(Gid(sink_id + "-other", 0, 0, RUN, 1)),  # another sink
+    ]
+    for gid in foreign:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    same_sink_other_db = str(Gid(sink_id, 0, 0, RUN, 2))
+    with psycopg.connect(other_url, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(same_sink_other_db)))
+    try:
+        mine = prepare(pg_url, target, sink_id, 0, 0, range(3))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            plan, report = Committer(PostgresBackend(conn), sink_id).recover()
+            assert report.rolled_back == [mine.gid]
+            # matched by the LIKE pre-filter, then left: not our shape, or not our database
+            assert sorted(report.left) == sorted([foreign[1], same_sink_other_db])
+        left = {g for g, _ in prepared_transactions(pg_server.admin_url)}
+        assert set(foreign[:3]) | {same_sink_other_db} <= left
+    finally:
+        from tests.fix_pg import rollback_all_prepared
+
+        rollback_all_prepared(pg_server)
+        pg_conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(other_db)))

@@ -1,0 +1,95 @@
+from datetime import datetime, timezone
+
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import Decision, PreparedTransaction
+from sqlsink.core.resolution import Action, Scope, plan_resolution
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+RUN, DEAD = "run-live", "run-dead"
+
+
+def txn(gid: str, database: str = "shop") -> PreparedTransaction:
+    return PreparedTransaction(gid, database, "app", NOW)
+
+
+def g(batch: int, partition: int, run: str = RUN, sink: str = "s1", attempt: int = 0) -> str:
+    return str(Gid(sink, batch, partition, run, attempt))
+
+
+def decision(batch: int, *gids: str, complete: bool = False, sink: str = "s1") -> Decision:
+    return Decision(sink, batch, frozenset(gids), 10, NOW, complete)
+
+
+def actions(plan: object) -> dict[str, Action]:
+    return {a.prepared.gid: a.action for a in plan.actions}  # type: ignore[attr-defined]
+
+
+def test_decided_gids_commit_and_others_of_the_batch_roll_back() -> None:
+    chosen, denied = g(5, 0, attempt=1), g(5, 0, attempt=2)
+    plan = plan_resolution(
+        [txn(chosen), txn(denied)], {("s1", 5): decision(5, chosen)},
+        database="shop", sink_id="s1", scope=Scope.everything(),
+    )  # fmt: skip
+    assert actions(plan) == {chosen: Action.COMMIT, denied: Action.ROLLBACK}
+
+
+def test_recovery_rolls_back_every_undecided_gid() -> None:
+    gids = [g(7, 0), g(7, 1, run=DEAD), g(8, 0)]
+    plan = plan_resolution(
+        [txn(x) for x in gids], {}, database="shop", sink_id="s1", scope=Scope.everything()
+    )
+    assert set(actions(plan).values()) == {Action.ROLLBACK}
+
+
+def test_live_run_leaves_its_in_flight_gids() -> None:
+    in_flight, later, earlier, dead = g(7, 0), g(8, 0), g(6, 1), g(7, 1, run=DEAD)
+    plan = plan_resolution(
+        [txn(in_flight), txn(later), txn(earlier), txn(dead)], {},
+        database="shop", sink_id="s1", scope=Scope.live(RUN, 7),
+    )  # fmt: skip
+    assert actions(plan) == {
+        in_flight: Action.LEAVE,
+        later: Action.LEAVE,
+        earlier: Action.ROLLBACK,
+        dead: Action.ROLLBACK,
+    }
+
+
+def test_abort_rolls_back_its_own_batch() -> None:
+    mine, later = g(7, 0), g(8, 0)
+    plan = plan_resolution(
+        [txn(mine), txn(later)], {}, database="shop", sink_id="s1", scope=Scope.aborting(RUN, 7)
+    )
+    assert actions(plan) == {mine: Action.ROLLBACK, later: Action.LEAVE}
+
+
+def test_foreign_other_sink_and_other_database_are_left() -> None:
+    foreign = ["app_tx_1", "sqlsink_s1_7_0", "sqlsink_s1-x_7_0_run_1", g(7, 0, sink="s2")]
+    other_db = g(7, 0)
+    plan = plan_resolution(
+        [txn(x) for x in foreign] + [txn(other_db, database="other")],
+        {("s2", 7): decision(7, g(7, 0, sink="s2"), sink="s2")},
+        database="shop", sink_id="s1", scope=Scope.everything(),
+    )  # fmt: skip
+    assert set(actions(plan).values()) == {Action.LEAVE}
+    # a decided gid of this sink in another database is not ours to verify either
+    assert plan.to_verify == []
+
+
+def test_all_sinks_mode_still_leaves_other_databases() -> None:
+    plan = plan_resolution(
+        [txn(g(1, 0, sink="a")), txn(g(1, 0, sink="b"), database="x")], {},
+        database="shop", sink_id=None, scope=Scope.everything(),
+    )  # fmt: skip
+    assert [a.action for a in plan.actions] == [Action.ROLLBACK, Action.LEAVE]
+
+
+def test_decided_gids_that_are_gone_are_to_verify() -> None:
+    done, gone, pending = g(3, 0), g(3, 1), g(3, 2)
+    plan = plan_resolution(
+        [txn(pending)],
+        {("s1", 3): decision(3, done, gone, pending), ("s1", 2): decision(2, g(2, 0), complete=True)},
+        database="shop", sink_id="s1", scope=Scope.everything(),
+    )  # fmt: skip
+    assert actions(plan) == {pending: Action.COMMIT}
+    assert plan.to_verify == [(3, done), (3, gone)]
