@@ -1,8 +1,8 @@
 """sqlsink: an exactly-once Spark Structured Streaming sink into PostgreSQL.
 
-    import sqlsink
-    sqlsink.register(spark)
-    events.writeStream.format("sqlsink").option("url", ...).option("table", ...).start()
+import sqlsink
+sqlsink.register(spark)
+events.writeStream.format("sqlsink").option("url", ...).option("table", ...).start()
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        problems = [f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED]
+        problems = [
+            f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED
+        ]
         problems += [f"option {KNOWN[k]} is required" for k in ("url", "table") if not opts.get(k)]
         if problems:
             known = ", ".join(sorted(KNOWN.values()))

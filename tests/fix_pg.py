@@ -95,11 +95,12 @@ def pg_conn(pg_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
 
 
 @pytest.fixture
-def table(pg_conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[str]:
+def table(pg_url: str) -> Iterator[str]:
     """A unique table name in the public schema, dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:10]}"
     yield name
-    pg_conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("public", name)))
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the server may have restarted
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("public", name)))
 
 
 def prepared_transactions(admin_url: str) -> list[tuple[str, str]]:

@@ -51,12 +51,26 @@ def spark(faults_file: Path) -> Iterator[Any]:
     session.stop()
 
 
+class Faults:
+    """Arm faults for one test; ``fired()`` lists those that went off."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.log = Path(f"{path}.fired")
+
+    def __call__(self, specs: list[dict[str, Any]]) -> None:
+        self.log.unlink(missing_ok=True)
+        self.path.write_text(json.dumps(specs))
+
+    def fired(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+
 @pytest.fixture
-def faults(faults_file: Path) -> Iterator[Any]:
-    """Arm faults for this test: ``faults([{"point": ..., "batch": ..., "action": ...}])``."""
-
-    def arm(specs: list[dict[str, Any]]) -> None:
-        faults_file.write_text(json.dumps(specs))
-
-    yield arm
+def faults(faults_file: Path) -> Iterator[Faults]:
+    armed = Faults(faults_file)
+    yield armed
     faults_file.write_text("[]")
+    armed.log.unlink(missing_ok=True)

@@ -5,15 +5,16 @@ that leaves behind, and what resolves it. "Resolve" is ``plan_resolution`` run
 under the sink lock, by the next ``commit_batch``, by the pre-write check of the
 next run's tasks, or by ``sqlsink recover``.
 
-| step (batch N)                          | a crash here leaves              | resolved by                         |
-|-----------------------------------------|----------------------------------|-------------------------------------|
-| task: BEGIN .. COPY .. marker           | nothing (the server rolls back)  | -                                   |
-| task: PREPARE done, attempt then lost   | a gid no message names           | rolled back: N's commit or a later  |
-| all prepared, no decision yet           | prepared gids, no decision       | rolled back; Spark re-runs N        |
-| decision written, COMMIT PREPARED ..    | some committed, some prepared    | the decided rest committed; the     |
-|                                         |                                  | re-run of N skips (decision exists) |
-| all committed, before Spark's commits/N | everything committed             | re-run: tasks skip, commit no-op    |
-| ``commit_batch`` raises                 | Spark calls ``abort_batch``      | roll back only if undecided         |
+| step (batch N)                   | a crash here leaves            | resolved by                  |
+|----------------------------------|--------------------------------|------------------------------|
+| task: BEGIN .. COPY .. marker    | nothing (server rolls back)    | -                            |
+| task: PREPARE, attempt then lost | a gid no message names         | rolled back: N's commit or   |
+|                                  |                                | a later one                  |
+| all prepared, no decision yet    | prepared gids, no decision     | rolled back; Spark re-runs N |
+| decision, COMMIT PREPARED ..     | some committed, some prepared  | the rest committed; re-run   |
+|                                  |                                | of N skips (decision exists) |
+| all committed, no commits/N yet  | everything committed           | re-run: tasks skip, no-op    |
+| ``commit_batch`` raises          | Spark calls ``abort_batch``    | roll back only if undecided  |
 
 Deciding requires every gid of the batch to be still prepared, checked under the
 sink lock; resolution takes the same lock. So a gid that a resolution rolled back
@@ -72,7 +73,9 @@ class Committer:
         started = time.monotonic()
         with self.backend.sink_lock(sink_id):
             self.check_binding(query_id)
-            decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+            decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
+                (sink_id, batch_id)
+            )
             if decision is None:
                 crash_point("before_decision", batch_id)
                 self._decide(batch_id, outcomes, query_id, run_id)
@@ -170,7 +173,7 @@ class Committer:
             return self._resolve(Scope.live(run_id, batch_id), dry_run=False)[1]
 
     def plan(self, scope: Scope) -> Plan:
-        """The plan for the current state, without acting (caller holds the lock or accepts races)."""
+        """The plan for the current state, without acting (races unless the lock is held)."""
         return self._plan(scope)[0]
 
     def _plan(self, scope: Scope) -> tuple[Plan, dict[tuple[str, int], Decision]]:
@@ -186,7 +189,10 @@ class Committer:
         plan, decisions = self._plan(scope)
         report = ResolutionReport(left=plan.gids(Action.LEAVE))
         if dry_run:
-            report.committed, report.rolled_back = plan.gids(Action.COMMIT), plan.gids(Action.ROLLBACK)
+            report.committed, report.rolled_back = (
+                plan.gids(Action.COMMIT),
+                plan.gids(Action.ROLLBACK),
+            )
             return plan, report
         to_verify = list(plan.to_verify)
         for action in plan.actions:
@@ -198,9 +204,8 @@ class Committer:
                         crash_point("mid_commit", action.gid.batch_id)
                 elif action.gid is not None:  # finished meanwhile, by someone else
                     to_verify.append((action.gid.batch_id, gid))
-            elif action.action is Action.ROLLBACK:
-                if self.backend.rollback_prepared(gid):
-                    report.rolled_back.append(gid)
+            elif action.action is Action.ROLLBACK and self.backend.rollback_prepared(gid):
+                report.rolled_back.append(gid)
         self._verify(to_verify, report)
         self._complete(decisions, report)
         if report.lost:

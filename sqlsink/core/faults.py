@@ -4,8 +4,9 @@ Off unless ``SQLSINK_FAULTS_FILE`` names a file (set before Spark starts, so tha
 its Python workers inherit it). The file holds a JSON list of faults, e.g.
 ``[{"point": "after_decision", "batch": 2, "action": "kill"}]``; a fault may also
 name a ``partition`` and an ``attempt`` (Spark's attemptNumber). Actions:
-``kill`` SIGKILLs the whole process group (the driver, its JVM and every worker:
-a real crash), ``raise`` raises RuntimeError (a failed task or call).
+``kill`` SIGKILLs every process of the session (the driver, its JVM and every
+worker, which PySpark puts in process groups of their own: a real crash; run the
+driver with ``start_new_session``), ``raise`` raises RuntimeError (a failed task).
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ def crash_point(
             continue
         if fault.get("attempt", attempt) != attempt:
             continue
+        with open(f"{path}.fired", "a", encoding="utf-8") as log:  # tests assert it fired
+            log.write(json.dumps({**fault, "batch": batch_id, "partition": partition_id}) + "\n")
         if fault.get("action") == "kill":
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+            _kill_session()
         raise RuntimeError(f"injected fault at {point} (batch {batch_id})")
+
+
+def _kill_session() -> None:
+    """SIGKILL every process of this session, this one last (Linux /proc)."""
+    session = os.getsid(0)
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session:  # field 6 of stat: session id
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+    os.kill(me, signal.SIGKILL)

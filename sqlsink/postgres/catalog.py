@@ -29,7 +29,7 @@ class TableName:
 
     @classmethod
     def parse(cls, text: str) -> TableName:
-        """'public.events', 'events' or '"My Schema"."My Table"' (double quotes keep case and dots)."""
+        """'public.events', 'events' or '"My Schema"."My Table"' (quotes keep case and dots)."""
         parts: list[str] = []
         current, quoted, i = "", False, 0
         while i < len(text):

@@ -73,6 +73,14 @@ def _unprivileged_user() -> str | None:
     return _SYSTEM_USER
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """True if every existing ancestor of ``path`` lets other users through."""
+    for ancestor in path.absolute().parents:
+        if ancestor.exists() and not ancestor.stat().st_mode & 0o001:
+            return False
+    return True
+
+
 class EmbeddedPostgres:
     """One PostgreSQL cluster in a directory of its own, on a free loopback port."""
 
@@ -83,7 +91,12 @@ class EmbeddedPostgres:
         settings: Mapping[str, str | int] | None = None,
         port: int | None = None,
     ) -> None:
-        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="sqlsink-pg-"))
+        self.bindir = find_bindir()
+        self.user = _unprivileged_user()
+        if base_dir is None or (self.user and not _reachable_by_others(Path(base_dir))):
+            # under root the server runs as another user, who must reach the directory
+            base_dir = Path(tempfile.mkdtemp(prefix="sqlsink-pg-"))
+        self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
         self.log_file = self.base_dir / "server.log"
         self.port = port or _free_port()
@@ -95,8 +108,6 @@ class EmbeddedPostgres:
             "port": self.port,
             **(settings or {}),
         }
-        self.bindir = find_bindir()
-        self.user = _unprivileged_user()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -111,9 +122,17 @@ class EmbeddedPostgres:
         if self.user:
             shutil.chown(self.base_dir, self.user)
         self._run(
-            "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
-            "-E", "UTF8", "--locale=C", "--no-sync",
-        )  # fmt: skip
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         self.configure(self.settings)
 
     def configure(self, settings: Mapping[str, str | int]) -> None:
@@ -159,7 +178,9 @@ class EmbeddedPostgres:
             check=False,
         )
         if check and result.returncode != 0:
-            log = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            log = (
+                self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            )
             raise ConfigError(
                 f"embedded PostgreSQL: '{binary} {' '.join(args[:1])}' failed "
                 f"(exit {result.returncode}): {result.stderr.strip()[-1000:]}\n{log}"

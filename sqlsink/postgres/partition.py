@@ -75,9 +75,7 @@ def write_partition(
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
-    conn = connect(
-        options.url, options.password, application_name=f"sqlsink {task.where()}"
-    )
+    conn = connect(options.url, options.password, application_name=f"sqlsink {task.where()}")
     try:
         if _already_decided(conn, task):
             for _ in rows_iter:  # Spark expects the iterator consumed

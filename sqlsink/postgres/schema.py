@@ -24,7 +24,9 @@ def sql_dir() -> Path:
 
 
 def migrations() -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in sql_dir().iterdir() if (m := _MIGRATION.fullmatch(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in sql_dir().iterdir() if (m := _MIGRATION.fullmatch(p.name))
+    ]
     return sorted(found)
 
 
@@ -37,7 +39,9 @@ def installed_version(conn: Connection) -> int:
     row = conn.execute("SELECT to_regclass('sqlsink.schema_version') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return 0
-    version = conn.execute("SELECT coalesce(max(version), 0) FROM sqlsink.schema_version").fetchone()
+    version = conn.execute(
+        "SELECT coalesce(max(version), 0) FROM sqlsink.schema_version"
+    ).fetchone()
     return int(str(version[0])) if version else 0
 
 

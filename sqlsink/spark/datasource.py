@@ -115,8 +115,11 @@ class SqlsinkStreamWriter(DataSourceStreamArrowWriter):
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
-            log.warning("sqlsink: batch %d aborted before any task reported; recovery at the "
-                        "next start resolves what it prepared", batchId)
+            log.warning(
+                "sqlsink: batch %d aborted before any task reported; recovery at the "
+                "next start resolves what it prepared",
+                batchId,
+            )
             return
         with self._committer(sink_id) as committer:
             committer.abort_batch(batchId, outcomes, run_id=None)
@@ -141,7 +144,9 @@ class _CommitterSession:
         from sqlsink.postgres.connection import connect
 
         self.conn = connect(
-            self.options.url, self.options.password, application_name=f"sqlsink {self.sink_id} commit"
+            self.options.url,
+            self.options.password,
+            application_name=f"sqlsink {self.sink_id} commit",
         )
         return Committer(PostgresBackend(self.conn), self.sink_id)
 

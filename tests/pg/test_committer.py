@@ -33,7 +33,9 @@ def sink_id() -> str:
 @pytest.fixture
 def target(pg_conn: psycopg.Connection[tuple[object, ...]], table: str) -> str:
     ensure_schema(pg_conn)  # type: ignore[arg-type]
-    pg_conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY)").format(sql.Identifier(table)))
+    pg_conn.execute(
+        sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY)").format(sql.Identifier(table))
+    )
     return table
 
 
@@ -44,16 +46,23 @@ def committer(pg_url: str, sink_id: str) -> Iterator[Committer]:
 
 
 def prepare(
-    url: str, table: str, sink_id: str, batch: int, partition: int, ids: range,
-    run: str = RUN, attempt: int = 0,
-) -> PartitionOutcome:  # fmt: skip
+    url: str,
+    table: str,
+    sink_id: str,
+    batch: int,
+    partition: int,
+    ids: range,
+    run: str = RUN,
+    attempt: int = 0,
+) -> PartitionOutcome:
     """One partition transaction, as the partition writer does it, left prepared."""
     gid = str(Gid(sink_id, batch, partition, run, attempt or batch * 100 + partition))
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("BEGIN")
-    with conn.cursor() as cur, cur.copy(
-        sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))
-    ) as copy:
+    with (
+        conn.cursor() as cur,
+        cur.copy(sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))) as copy,
+    ):
         for i in ids:
             copy.write_row((i,))
     conn.execute(
@@ -76,12 +85,17 @@ def sink_gids(server: PgServer, sink_id: str) -> list[str]:
 
 
 def test_batches_prepared_then_committed_in_order(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
     committer: Committer,
-) -> None:  # fmt: skip
+) -> None:
     for batch in range(3):
         outcomes = [
-            prepare(pg_url, target, sink_id, batch, p, range(batch * 10 + p * 5, batch * 10 + p * 5 + 5))
+            prepare(
+                pg_url, target, sink_id, batch, p, range(batch * 10 + p * 5, batch * 10 + p * 5 + 5)
+            )
             for p in range(2)
         ]
         assert ids_in(pg_conn, target) == list(range(batch * 10))  # nothing visible before
@@ -92,9 +106,12 @@ def test_batches_prepared_then_committed_in_order(
 
 
 def test_commit_twice_and_a_late_commit_are_no_ops(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
     committer: Committer,
-) -> None:  # fmt: skip
+) -> None:
     first = [prepare(pg_url, target, sink_id, 0, 0, range(5))]
     committer.commit_batch(0, first, query_id="q1", run_id=RUN)
     second = [prepare(pg_url, target, sink_id, 1, 0, range(5, 10))]
@@ -106,9 +123,13 @@ def test_commit_twice_and_a_late_commit_are_no_ops(
 
 
 def test_failure_before_decision_then_restart(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
-    committer: Committer, pg_server: PgServer,
-) -> None:  # fmt: skip
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    pg_server: PgServer,
+) -> None:
     prepare(pg_url, target, sink_id, 0, 0, range(5))
     prepare(pg_url, target, sink_id, 0, 1, range(5, 10))
     # the driver dies here: no decision. Restart: recovery rolls both back
@@ -122,9 +143,13 @@ def test_failure_before_decision_then_restart(
 
 
 def test_decided_then_crash_mid_commit_recovery_rolls_forward(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
-    committer: Committer, pg_server: PgServer,
-) -> None:  # fmt: skip
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    pg_server: PgServer,
+) -> None:
     outcomes = [prepare(pg_url, target, sink_id, 4, p, range(p * 5, p * 5 + 5)) for p in range(3)]
     backend = committer.backend
     backend.insert_decision(sink_id, 4, [o.gid for o in outcomes if o.gid], 15, "q1", RUN)
@@ -138,9 +163,13 @@ def test_decided_then_crash_mid_commit_recovery_rolls_forward(
 
 
 def test_orphans_of_denied_attempts_are_swept(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
-    committer: Committer, pg_server: PgServer,
-) -> None:  # fmt: skip
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    pg_server: PgServer,
+) -> None:
     orphan = prepare(pg_url, target, sink_id, 0, 0, range(100, 105), attempt=7)  # failed attempt
     chosen = prepare(pg_url, target, sink_id, 0, 0, range(5), attempt=8)
     report = committer.commit_batch(0, [chosen], query_id="q1", run_id=RUN)
@@ -150,9 +179,13 @@ def test_orphans_of_denied_attempts_are_swept(
 
 
 def test_abort_rolls_back_undecided_but_never_decided(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
-    committer: Committer, pg_server: PgServer,
-) -> None:  # fmt: skip
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    pg_server: PgServer,
+) -> None:
     undecided = [prepare(pg_url, target, sink_id, 0, 0, range(5))]
     committer.abort_batch(0, [*undecided, None], run_id=RUN)
     assert ids_in(pg_conn, target) == [] and sink_gids(pg_server, sink_id) == []
@@ -164,9 +197,12 @@ def test_abort_rolls_back_undecided_but_never_decided(
 
 
 def test_a_decided_gid_rolled_back_by_hand_is_data_loss(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
     committer: Committer,
-) -> None:  # fmt: skip
+) -> None:
     outcomes = [prepare(pg_url, target, sink_id, 2, p, range(p * 5, p * 5 + 5)) for p in range(2)]
     committer.backend.insert_decision(sink_id, 2, [o.gid for o in outcomes if o.gid], 10, "q1", RUN)
     assert outcomes[1].gid is not None
@@ -180,9 +216,13 @@ def test_a_decided_gid_rolled_back_by_hand_is_data_loss(
 
 
 def test_a_gid_gone_before_the_decision_is_not_decided(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
-    committer: Committer, pg_server: PgServer,
-) -> None:  # fmt: skip
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    pg_server: PgServer,
+) -> None:
     outcomes = [prepare(pg_url, target, sink_id, 0, p, range(p * 5, p * 5 + 5)) for p in range(2)]
     assert outcomes[0].gid is not None
     pg_conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcomes[0].gid)))
@@ -196,17 +236,21 @@ def test_a_gid_gone_before_the_decision_is_not_decided(
 def test_sink_bound_to_another_query_is_refused(
     pg_url: str, target: str, sink_id: str, committer: Committer
 ) -> None:
-    committer.commit_batch(0, [prepare(pg_url, target, sink_id, 0, 0, range(2))], query_id="q1",
-                           run_id=RUN)  # fmt: skip
+    committer.commit_batch(
+        0, [prepare(pg_url, target, sink_id, 0, 0, range(2))], query_id="q1", run_id=RUN
+    )
     with pytest.raises(SinkBindingError, match="bound to streaming query q1") as err:
         committer.commit_batch(1, [], query_id="q2", run_id="run-2")
     assert "sinkId" in str(err.value)
 
 
 def test_foreign_prepared_transactions_survive_recovery(
-    pg_url: str, pg_conn: psycopg.Connection[tuple[object, ...]], target: str, sink_id: str,
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
     pg_server: PgServer,
-) -> None:  # fmt: skip
+) -> None:
     other_db = f"other_{uuid.uuid4().hex[:6]}"
     pg_conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(other_db)))
     other_url = pg_server.db_url(other_db)
@@ -227,7 +271,7 @@ def test_foreign_prepared_transactions_survive_recovery(
     try:
         mine = prepare(pg_url, target, sink_id, 0, 0, range(3))
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            plan, report = Committer(PostgresBackend(conn), sink_id).recover()
+            _, report = Committer(PostgresBackend(conn), sink_id).recover()
             assert report.rolled_back == [mine.gid]
             # matched by the LIKE pre-filter, then left: not our shape, or not our database
             assert sorted(report.left) == sorted([foreign[1], same_sink_other_db])

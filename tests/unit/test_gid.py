@@ -70,9 +70,16 @@ def test_sink_prefix() -> None:
 
 @pytest.mark.parametrize(
     "cls",
-    [SqlsinkError, TransientError, ConfigError, SinkBindingError, DataLossError, WriteError,
-     CommitError],
-)  # fmt: skip
+    [
+        SqlsinkError,
+        TransientError,
+        ConfigError,
+        SinkBindingError,
+        DataLossError,
+        WriteError,
+        CommitError,
+    ],
+)
 def test_errors_pickle(cls: type[SqlsinkError]) -> None:
     error = cls("batch 3, partition 1: something", batch=3, partition=1)
     copy = pickle.loads(pickle.dumps(error))

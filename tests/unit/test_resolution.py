@@ -27,9 +27,12 @@ def actions(plan: object) -> dict[str, Action]:
 def test_decided_gids_commit_and_others_of_the_batch_roll_back() -> None:
     chosen, denied = g(5, 0, attempt=1), g(5, 0, attempt=2)
     plan = plan_resolution(
-        [txn(chosen), txn(denied)], {("s1", 5): decision(5, chosen)},
-        database="shop", sink_id="s1", scope=Scope.everything(),
-    )  # fmt: skip
+        [txn(chosen), txn(denied)],
+        {("s1", 5): decision(5, chosen)},
+        database="shop",
+        sink_id="s1",
+        scope=Scope.everything(),
+    )
     assert actions(plan) == {chosen: Action.COMMIT, denied: Action.ROLLBACK}
 
 
@@ -44,9 +47,12 @@ def test_recovery_rolls_back_every_undecided_gid() -> None:
 def test_live_run_leaves_its_in_flight_gids() -> None:
     in_flight, later, earlier, dead = g(7, 0), g(8, 0), g(6, 1), g(7, 1, run=DEAD)
     plan = plan_resolution(
-        [txn(in_flight), txn(later), txn(earlier), txn(dead)], {},
-        database="shop", sink_id="s1", scope=Scope.live(RUN, 7),
-    )  # fmt: skip
+        [txn(in_flight), txn(later), txn(earlier), txn(dead)],
+        {},
+        database="shop",
+        sink_id="s1",
+        scope=Scope.live(RUN, 7),
+    )
     assert actions(plan) == {
         in_flight: Action.LEAVE,
         later: Action.LEAVE,
@@ -69,8 +75,10 @@ def test_foreign_other_sink_and_other_database_are_left() -> None:
     plan = plan_resolution(
         [txn(x) for x in foreign] + [txn(other_db, database="other")],
         {("s2", 7): decision(7, g(7, 0, sink="s2"), sink="s2")},
-        database="shop", sink_id="s1", scope=Scope.everything(),
-    )  # fmt: skip
+        database="shop",
+        sink_id="s1",
+        scope=Scope.everything(),
+    )
     assert set(actions(plan).values()) == {Action.LEAVE}
     # a decided gid of this sink in another database is not ours to verify either
     assert plan.to_verify == []
@@ -78,9 +86,12 @@ def test_foreign_other_sink_and_other_database_are_left() -> None:
 
 def test_all_sinks_mode_still_leaves_other_databases() -> None:
     plan = plan_resolution(
-        [txn(g(1, 0, sink="a")), txn(g(1, 0, sink="b"), database="x")], {},
-        database="shop", sink_id=None, scope=Scope.everything(),
-    )  # fmt: skip
+        [txn(g(1, 0, sink="a")), txn(g(1, 0, sink="b"), database="x")],
+        {},
+        database="shop",
+        sink_id=None,
+        scope=Scope.everything(),
+    )
     assert [a.action for a in plan.actions] == [Action.ROLLBACK, Action.LEAVE]
 
 
@@ -88,8 +99,13 @@ def test_decided_gids_that_are_gone_are_to_verify() -> None:
     done, gone, pending = g(3, 0), g(3, 1), g(3, 2)
     plan = plan_resolution(
         [txn(pending)],
-        {("s1", 3): decision(3, done, gone, pending), ("s1", 2): decision(2, g(2, 0), complete=True)},
-        database="shop", sink_id="s1", scope=Scope.everything(),
-    )  # fmt: skip
+        {
+            ("s1", 3): decision(3, done, gone, pending),
+            ("s1", 2): decision(2, g(2, 0), complete=True),
+        },
+        database="shop",
+        sink_id="s1",
+        scope=Scope.everything(),
+    )
     assert actions(plan) == {pending: Action.COMMIT}
     assert plan.to_verify == [(3, done), (3, gone)]

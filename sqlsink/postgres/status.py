@@ -1,0 +1,683 @@
+"""Read-only queries for the command-line tool: the commit log, prepared transactions,
+the sessions and locks that show a sink is live, and the server checks.
+
+Nothing here writes; the only state it takes is the sink's session advisory lock
+(``try_sink_lock``/``wait_sink_lock``), the very lock the committer holds while it
+decides and commits, so that ``sqlsink recover`` takes turns with a running sink.
+
+Server checks are functions ``(conn, CheckContext) -> list[Finding]`` listed in
+``CHECKS``; add a check by writing one more such function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from sqlsink.core.model import PreparedTransaction
+from sqlsink.postgres.backend import lock_key
+from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.schema import installed_version, latest_version
+
+APP_NAME_LIMIT = 63  # PostgreSQL truncates application_name to NAMEDATALEN - 1
+
+
+# -- the commit log -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    sink_id: str
+    query_id: str | None
+    created_at: datetime
+    bound_at: datetime
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    decided_at: datetime
+    completed_at: datetime | None
+    query_id: str | None
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    decisions: int
+    first_decided: int | None
+    last_decided: int | None
+    last_complete: int | None
+    incomplete: int
+
+
+_DECISION_COLUMNS = (
+    "sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id "
+    "FROM sqlsink.decisions"
+)
+
+
+def _decision(row: tuple[object, ...]) -> DecisionRow:
+    sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id = row
+    return DecisionRow(
+        str(sink_id),
+        int(str(batch_id)),
+        tuple(str(g) for g in gids) if isinstance(gids, list) else (),
+        int(str(rows)),
+        decided_at,  # type: ignore[arg-type]
+        completed_at,  # type: ignore[arg-type]
+        None if query_id is None else str(query_id),
+        None if run_id is None else str(run_id),
+    )
+
+
+def schema_version(conn: Connection) -> int:
+    """The installed version of the ``sqlsink`` schema; 0 when it is not installed."""
+    return installed_version(conn)
+
+
+def sinks(conn: Connection) -> dict[str, SinkRow]:
+    rows = conn.execute(
+        "SELECT sink_id, query_id, created_at, bound_at FROM sqlsink.sinks ORDER BY sink_id"
+    ).fetchall()
+    return {str(s): SinkRow(str(s), None if q is None else str(q), c, b) for s, q, c, b in rows}
+
+
+def batch_summary(conn: Connection, sink_id: str) -> BatchSummary:
+    row = conn.execute(
+        "SELECT count(*), min(batch_id), max(batch_id), "
+        "max(batch_id) FILTER (WHERE completed_at IS NOT NULL), "
+        "count(*) FILTER (WHERE completed_at IS NULL) "
+        "FROM sqlsink.decisions WHERE sink_id = %s",
+        (sink_id,),
+    ).fetchone()
+    assert row is not None
+    count, first, last, last_complete, incomplete = row
+    return BatchSummary(
+        int(str(count)),
+        None if first is None else int(str(first)),
+        None if last is None else int(str(last)),
+        None if last_complete is None else int(str(last_complete)),
+        int(str(incomplete)),
+    )
+
+
+def recent_decisions(conn: Connection, sink_id: str, limit: int) -> list[DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE sink_id = %s ORDER BY batch_id DESC LIMIT %s",
+        (sink_id, limit),
+    ).fetchall()
+    return [_decision(r) for r in rows]
+
+
+def decisions_from(conn: Connection, sink_id: str, first_batch: int) -> dict[int, DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE sink_id = %s AND batch_id >= %s ORDER BY batch_id",
+        (sink_id, first_batch),
+    ).fetchall()
+    return {d.batch_id: d for d in map(_decision, rows)}
+
+
+def incomplete_decisions(conn: Connection, sink_id: str | None = None) -> list[DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE completed_at IS NULL "
+        "AND (%s::text IS NULL OR sink_id = %s::text) ORDER BY sink_id, batch_id",
+        (sink_id, sink_id),
+    ).fetchall()
+    return [_decision(r) for r in rows]
+
+
+def visible_markers(conn: Connection, gids: Collection[str]) -> set[str]:
+    if not gids:
+        return set()
+    rows = conn.execute(
+        "SELECT gid FROM sqlsink.markers WHERE gid = ANY(%s)", (list(gids),)
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+# -- prepared transactions ----------------------------------------------------------------
+
+
+def server_now(conn: Connection) -> datetime:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+def all_prepared(conn: Connection) -> list[PreparedTransaction]:
+    """Every prepared transaction of the cluster (all databases, every application)."""
+    rows = conn.execute(
+        "SELECT gid, database, owner, prepared FROM pg_prepared_xacts ORDER BY prepared, gid"
+    ).fetchall()
+    return [PreparedTransaction(str(g), str(d), str(o), p) for g, d, o, p in rows]
+
+
+def still_prepared(conn: Connection, gids: Collection[str]) -> set[str]:
+    if not gids:
+        return set()
+    rows = conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s) AND database = current_database()",
+        (list(gids),),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def confirm_lost(conn: Connection, candidates: Collection[str]) -> set[str]:
+    """Of decided gids seen neither prepared nor with a marker, those still so now.
+
+    Without the sink lock a gid can be prepared and decided between two reads; read
+    again, prepared first and markers second: a gid committed in between shows its
+    marker, so what remains was rolled back.
+    """
+    if not candidates:
+        return set()
+    prepared = still_prepared(conn, candidates)
+    rest = set(candidates) - prepared
+    return rest - visible_markers(conn, rest)
+
+
+# -- who is live --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Session:
+    pid: int
+    application_name: str
+    user: str | None
+    client: str | None
+    state: str | None
+    backend_start: datetime | None
+    xact_start: datetime | None
+
+    def describe(self) -> str:
+        where = f" from {self.client}" if self.client else ""
+        since = (
+            f", connected {self.backend_start:%Y-%m-%d %H:%M:%S%z}" if self.backend_start else ""
+        )
+        return (
+            f"pid {self.pid} {self.application_name!r} (role {self.user}{where}, "
+            f"{self.state or 'unknown state'}{since})"
+        )
+
+
+_SESSION_COLUMNS = (
+    "a.pid, a.application_name, a.usename::text, host(a.client_addr), a.state, "
+    "a.backend_start, a.xact_start"
+)
+
+
+def _session(row: tuple[object, ...]) -> Session:
+    pid, app, user, client, state, started, xact = row
+    return Session(
+        int(str(pid)),
+        str(app or ""),
+        None if user is None else str(user),
+        None if client is None else str(client),
+        None if state is None else str(state),
+        started,  # type: ignore[arg-type]
+        xact,  # type: ignore[arg-type]
+    )
+
+
+def sqlsink_sessions(conn: Connection) -> list[Session]:
+    """Other sessions of this database whose application_name is one of sqlsink's."""
+    rows = conn.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM pg_stat_activity a "
+        "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+        "AND a.application_name LIKE 'sqlsink %%' ORDER BY a.pid"
+    ).fetchall()
+    return [_session(r) for r in rows]
+
+
+def session_names(sink_id: str) -> tuple[str, str]:
+    """(prefix of a partition task's application_name, the committer's application_name)."""
+    task = f"sqlsink sink {sink_id}, batch "
+    commit = f"sqlsink {sink_id} commit"
+    return task[:APP_NAME_LIMIT], commit[:APP_NAME_LIMIT]
+
+
+def sink_sessions(sessions: Collection[Session], sink_id: str) -> list[Session]:
+    """The sessions that show the sink is live: its partition tasks and its committer.
+
+    Names cut at 63 characters are matched by what is left of them (a long sink id
+    may then match a sibling's session too: that errs on the side of "live").
+    """
+    task, commit = session_names(sink_id)
+    return [
+        s for s in sessions if s.application_name.startswith(task) or s.application_name == commit
+    ]
+
+
+def _lock_parts(conn: Connection, sink_id: str | None) -> tuple[int, int]:
+    row = conn.execute("SELECT hashtextextended(%s, 0)", (lock_key(sink_id),)).fetchone()
+    assert row is not None
+    key = int(str(row[0])) & 0xFFFFFFFFFFFFFFFF
+    return key >> 32, key & 0xFFFFFFFF
+
+
+def lock_holders(conn: Connection, sink_id: str) -> list[Session]:
+    """Other sessions holding the sink's advisory lock (the committer while it commits)."""
+    classid, objid = _lock_parts(conn, sink_id)
+    rows = conn.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid() "
+        "ORDER BY a.pid",
+        (classid, objid),
+    ).fetchall()
+    return [_session(r) for r in rows]
+
+
+def try_sink_lock(conn: Connection, sink_id: str) -> bool:
+    """Take the sink's session lock if it is free (stacks with ``PostgresBackend.sink_lock``)."""
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def wait_sink_lock(conn: Connection, sink_id: str, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another."""
+    conn.execute(
+        "SELECT set_config('lock_timeout', %s, false)", (f"{max(int(timeout_s * 1000), 1)}ms",)
+    )
+    try:
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),))
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+    finally:
+        conn.execute("SELECT set_config('lock_timeout', '0', false)")
+
+
+def unlock_sink(conn: Connection, sink_id: str) -> None:
+    if not conn.closed:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(sink_id),))
+
+
+# -- who am I -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoleInfo:
+    role: str
+    superuser: bool
+    database: str
+    server_version: str
+    server_version_num: int
+
+
+def role_info(conn: Connection) -> RoleInfo:
+    row = conn.execute(
+        "SELECT current_user::text, current_setting('is_superuser') = 'on', current_database(), "
+        "current_setting('server_version'), current_setting('server_version_num')::int"
+    ).fetchone()
+    assert row is not None
+    role, superuser, database, version, version_num = row
+    return RoleInfo(str(role), bool(superuser), str(database), str(version), int(str(version_num)))
+
+
+# -- server checks ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of ``sqlsink check``; level is "ok", "info", "warning" or "error"."""
+
+    level: str
+    setting: str
+    value: str | None
+    source: str | None  # pg_settings.source: default, configuration file, user, database, ...
+    message: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    trigger_interval_s: float | None = None  # the query's trigger interval, when given
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: str
+    unit: str | None
+    source: str
+
+    def millis(self) -> int:
+        factor = {"ms": 1, "s": 1000, "min": 60_000}.get(self.unit or "ms", 1)
+        return int(self.value) * factor
+
+
+def settings(conn: Connection, names: Collection[str]) -> dict[str, Setting]:
+    rows = conn.execute(
+        "SELECT name, setting, unit, source FROM pg_settings WHERE name = ANY(%s)", (list(names),)
+    ).fetchall()
+    return {
+        str(n): Setting(str(n), str(v), None if u is None else str(u), str(s))
+        for n, v, u, s in rows
+    }
+
+
+def check_max_prepared_transactions(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    found = settings(conn, ["max_prepared_transactions", "max_connections"])
+    mpt = found["max_prepared_transactions"]
+    value = int(mpt.value)
+    if value == 0:
+        return [
+            Finding(
+                "error",
+                mpt.name,
+                mpt.value,
+                mpt.source,
+                "prepared transactions are disabled: exactly-once writes fail at PREPARE "
+                "TRANSACTION ('prepared transactions are disabled')",
+                "ALTER SYSTEM SET max_prepared_transactions = 64; then restart PostgreSQL "
+                "(at least 2 x the number of partitions writing at once; semantic=at_least_once "
+                "works without it)",
+            )
+        ]
+    row = conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
+    in_use = int(str(row[0])) if row else 0
+    if in_use >= 0.8 * value:
+        return [
+            Finding(
+                "warning",
+                mpt.name,
+                mpt.value,
+                mpt.source,
+                f"{in_use} of {value} prepared transaction slots are in use (cluster-wide): "
+                "new partitions fail at PREPARE when they run out",
+                "resolve leftovers with 'sqlsink recover', or raise max_prepared_transactions "
+                "(ALTER SYSTEM SET ...; restart)",
+            )
+        ]
+    return [
+        Finding(
+            "ok",
+            mpt.name,
+            mpt.value,
+            mpt.source,
+            f"prepared transactions are enabled ({in_use} of {value} slots in use); each "
+            "partition writing at once needs one",
+        )
+    ]
+
+
+def readable_version(conn: Connection) -> int | None:
+    """The schema's version; 0 when not installed, None when this role may not read it."""
+    try:
+        return installed_version(conn)
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+
+
+def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    installed, latest = readable_version(conn), latest_version()
+    if installed is None:
+        return [
+            Finding(
+                "error",
+                "sqlsink schema",
+                "not readable",
+                None,
+                "the commit log (schema sqlsink) exists but this role may not read it",
+                "connect as the sink's role (the schema's owner), or GRANT USAGE ON SCHEMA "
+                "sqlsink and the table privileges to this role",
+            )
+        ]
+    if installed == 0:
+        return [
+            Finding(
+                "info",
+                "sqlsink schema",
+                "not installed",
+                None,
+                "the commit log (schema sqlsink) is not installed in this database; the "
+                "sink's first run creates it (its role needs CREATE on the database)",
+                "start the query, or run sql/001_commit_log.sql (and later files) as the "
+                "sink's role; sql/setup_role.sql creates a least-privilege role",
+            )
+        ]
+    if installed < latest:
+        return [
+            Finding(
+                "info",
+                "sqlsink schema",
+                f"version {installed}",
+                None,
+                f"the commit log is at version {installed}; this sqlsink uses {latest} and "
+                "migrates it at the sink's next start",
+            )
+        ]
+    if installed > latest:
+        return [
+            Finding(
+                "error",
+                "sqlsink schema",
+                f"version {installed}",
+                None,
+                f"the commit log is at version {installed}, newer than this sqlsink knows "
+                f"({latest})",
+                "upgrade sqlsink (pip install -U sqlsink) where the query and this tool run",
+            )
+        ]
+    return [Finding("ok", "sqlsink schema", f"version {installed}", None, "installed, up to date")]
+
+
+def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    me = role_info(conn)
+    out: list[Finding] = []
+    if me.superuser:
+        out.append(
+            Finding("ok", "role", me.role, None, "superuser: may finish any prepared transaction")
+        )
+    else:
+        out.append(
+            Finding(
+                "info",
+                "role",
+                me.role,
+                None,
+                "not a superuser: COMMIT/ROLLBACK PREPARED works only on transactions this "
+                "role prepared (membership in the preparing role is not enough); run "
+                "'sqlsink recover' as the sink's role or as a superuser",
+            )
+        )
+    installed = readable_version(conn) != 0
+    row = conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()
+    can_create = bool(row and row[0])
+    if not installed:
+        if can_create or me.superuser:
+            out.append(
+                Finding(
+                    "ok",
+                    "CREATE on database",
+                    "granted",
+                    None,
+                    "the sink can create its commit log (schema sqlsink)",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "error",
+                    "CREATE on database",
+                    "not granted",
+                    None,
+                    f"role {me.role} cannot create the sqlsink schema, and it is not installed: "
+                    "the sink fails at its first batch",
+                    f"GRANT CREATE ON DATABASE {me.database} TO {me.role}; or run "
+                    "sql/setup_role.sql as a superuser",
+                )
+            )
+    else:
+        needed = {
+            "sqlsink.sinks": "SELECT,INSERT,UPDATE",
+            "sqlsink.decisions": "SELECT,INSERT,UPDATE",
+            "sqlsink.markers": "SELECT,INSERT",
+            "sqlsink.schema_version": "SELECT",
+        }
+        missing = []
+        for table, privileges in needed.items():
+            # has_table_privilege with a list is true if ANY is held: ask one at a time
+            lacking = [
+                p
+                for p in privileges.split(",")
+                if not _true(conn, _TABLE_PRIVILEGE, (p, table.split(".")[1]))
+            ]
+            if lacking:
+                missing.append(f"{','.join(lacking)} ON {table}")
+        if not _true(conn, "SELECT has_schema_privilege('sqlsink', 'USAGE')", ()):
+            missing.insert(0, "USAGE ON SCHEMA sqlsink")
+        if missing:
+            out.append(
+                Finding(
+                    "error",
+                    "sqlsink privileges",
+                    "missing",
+                    None,
+                    f"role {me.role} lacks {'; '.join(missing)}: the sink cannot keep its "
+                    "commit log",
+                    f"connect as the schema's owner, or GRANT USAGE ON SCHEMA sqlsink TO "
+                    f"{me.role} and the table privileges listed",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "ok", "sqlsink privileges", "granted", None, "can read and write the commit log"
+                )
+            )
+    if not me.superuser:
+        rows = conn.execute(
+            "SELECT owner::text, count(*) FROM pg_prepared_xacts "
+            "WHERE database = current_database() AND gid LIKE 'sqlsink\\_%%' "
+            "AND owner <> current_user GROUP BY owner ORDER BY owner"
+        ).fetchall()
+        for owner, count in rows:
+            out.append(
+                Finding(
+                    "warning",
+                    "prepared transaction owner",
+                    str(owner),
+                    None,
+                    f"{count} sqlsink prepared transaction(s) here were prepared by role {owner}; "
+                    f"role {me.role} cannot commit or roll them back",
+                    f"run 'sqlsink recover' connected as {owner} or as a superuser",
+                )
+            )
+    return out
+
+
+# by oid: a name lookup needs USAGE on the schema, which may be what is missing
+_TABLE_PRIVILEGE = (
+    "SELECT coalesce(bool_and(has_table_privilege(c.oid, %s)), false) FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'sqlsink' AND c.relname = %s"
+)
+
+
+def _true(conn: Connection, query: str, params: tuple[object, ...]) -> bool:
+    row = conn.execute(query, params).fetchone()
+    return bool(row and row[0])
+
+
+_TIMEOUTS = (
+    "statement_timeout",
+    "idle_in_transaction_session_timeout",
+    "transaction_timeout",
+    "lock_timeout",
+    "idle_session_timeout",
+)
+
+
+def check_timeouts(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    """Timeouts that end a partition's transaction before it prepares (DESIGN.md 5)."""
+    found = settings(conn, _TIMEOUTS)
+    role = role_info(conn).role
+    interval = ctx.trigger_interval_s
+    out: list[Finding] = []
+    effects = {
+        "statement_timeout": "cancels a partition's COPY that streams longer than it",
+        "idle_in_transaction_session_timeout": (
+            "ends a partition's session that waits for rows between statements"
+        ),
+        "transaction_timeout": "ends a partition's transaction that lasts longer than it",
+    }
+    for name, effect in effects.items():
+        setting = found.get(name)
+        if setting is None:
+            continue  # transaction_timeout exists from PostgreSQL 17 on
+        ms = setting.millis()
+        if ms == 0:
+            out.append(Finding("ok", name, setting.value, setting.source, "off"))
+            continue
+        seconds = ms / 1000
+        short = interval is None or seconds < 3 * interval
+        level = "warning" if short else "info"
+        scale = (
+            f"shorter than 3 x the trigger interval ({interval:g}s)"
+            if interval is not None and short
+            else "compare it with the longest batch"
+            if interval is None
+            else f"above 3 x the trigger interval ({interval:g}s)"
+        )
+        out.append(
+            Finding(
+                level,
+                name,
+                f"{seconds:g}s",
+                setting.source,
+                f"{effect} ({scale}); the batch then fails and is retried; prepared "
+                "transactions are not affected",
+                f"ALTER ROLE {role} SET {name} = 0  (or longer than the longest batch)",
+            )
+        )
+    lock = found.get("lock_timeout")
+    if lock is not None and lock.millis():
+        out.append(
+            Finding(
+                "info",
+                lock.name,
+                f"{lock.millis() / 1000:g}s",
+                lock.source,
+                "the sink sets its own lock_timeout (option lockTimeout) per transaction",
+            )
+        )
+    idle = found.get("idle_session_timeout")
+    if idle is not None and idle.millis():
+        out.append(
+            Finding(
+                "info",
+                idle.name,
+                f"{idle.millis() / 1000:g}s",
+                idle.source,
+                "ends idle sessions; the sink opens its connections per batch, so only "
+                "long-lived tools are affected",
+            )
+        )
+    return out
+
+
+CHECKS: list[Callable[[Connection, CheckContext], list[Finding]]] = [
+    check_max_prepared_transactions,
+    check_schema,
+    check_privileges,
+    check_timeouts,
+]
+
+
+def run_checks(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    out: list[Finding] = []
+    for check in CHECKS:
+        out += check(conn, ctx)
+    return out

@@ -1,0 +1,692 @@
+"""The ``sqlsink`` command line against a real PostgreSQL, run as a user runs it.
+
+Leftovers are made the way the sink makes them: partition transactions prepared
+by hand (rows + marker + PREPARE TRANSACTION), decisions written with
+``PostgresBackend.insert_decision``; plus prepared transactions that are not the
+sink's (another application's, a look-alike gid, another sink's, another
+database's), which must survive every command. Each test works in a database of
+its own, so "every sink" means the test's sinks only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink import cli
+from sqlsink.checkpoint import DecisionState, read_checkpoint, relate
+from sqlsink.core.gid import Gid
+from sqlsink.postgres.backend import PostgresBackend, lock_key
+from sqlsink.postgres.schema import ensure_schema
+from tests.fix_pg import PgServer, prepared_transactions
+
+RUN = "run-1"
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "s3cret-pw"
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.out)
+        return doc
+
+    def actions(self) -> dict[str, tuple[str, bool]]:
+        return {a["gid"]: (a["action"], a["done"]) for a in self.json["actions"]}
+
+
+def sqlsink(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> Result:
+    """Run the command line as a user does: a new process, ``python -m sqlsink``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqlsink", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def sqlsink_parallel(commands: list[list[str]], env: dict[str, str]) -> list[Result]:
+    """Several read-only runs at once (each one spends most of its time starting Python)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sqlsink", *args], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **env},
+        )
+        for args in commands
+    ]  # fmt: skip
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        results.append(Result(proc.returncode, out, err))
+    return results
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@dataclass
+class Db:
+    name: str
+    url: str
+    server: PgServer
+
+    def connect(self) -> Conn:
+        return psycopg.connect(self.url, autocommit=True)
+
+    def gids(self) -> set[str]:
+        return {g for g, d in prepared_transactions(self.server.admin_url) if d == self.name}
+
+
+def _drop_database(server: PgServer, name: str) -> None:
+    for gid, database in prepared_transactions(server.admin_url):
+        if database == name:
+            with psycopg.connect(server.db_url(name), autocommit=True) as conn:
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def bare_db(pg_server: PgServer) -> Iterator[Db]:
+    """A database of the test's own, without the sqlsink schema."""
+    name = f"cli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield Db(name, pg_server.db_url(name), pg_server)
+    finally:
+        _drop_database(pg_server, name)
+
+
+@pytest.fixture
+def db(bare_db: Db) -> Db:
+    """A database of the test's own with the sqlsink schema and a target table ``t``."""
+    with bare_db.connect() as conn:
+        ensure_schema(conn)
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY)")
+    return bare_db
+
+
+@pytest.fixture
+def other_db(pg_server: PgServer) -> Iterator[Db]:
+    name = f"cli_other_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield Db(name, pg_server.db_url(name), pg_server)
+    finally:
+        _drop_database(pg_server, name)
+
+
+# -- making leftovers ---------------------------------------------------------------------
+
+
+def prepare(
+    db: Db, sink: str, batch: int, partition: int, ids: range, run: str = RUN, attempt: int = 0
+) -> str:
+    """One partition transaction, as the partition writer does it, left prepared."""
+    gid = str(Gid(sink, batch, partition, run, attempt or batch * 100 + partition))
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        with conn.cursor() as cur, cur.copy("COPY t (id) FROM STDIN") as copy:
+            for i in ids:
+                copy.write_row((i,))
+        conn.execute(
+            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (gid, sink, batch, partition, len(ids)),
+        )
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    return gid
+
+
+def prepare_foreign(db: Db, gid: str) -> str:
+    """Another application's prepared transaction (an empty one)."""
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    return gid
+
+
+def decide(db: Db, sink: str, batch: int, gids: list[str], rows: int, query: str = "q1") -> None:
+    with db.connect() as conn:
+        assert PostgresBackend(conn).insert_decision(sink, batch, gids, rows, query, RUN)
+
+
+def ids_in(db: Db) -> list[int]:
+    with db.connect() as conn:
+        return [int(r[0]) for r in conn.execute("SELECT id FROM t ORDER BY id")]
+
+
+def decisions_of(db: Db) -> list[tuple[str, int, bool]]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            "SELECT sink_id, batch_id, completed_at IS NOT NULL FROM sqlsink.decisions "
+            "ORDER BY 1, 2"
+        ).fetchall()
+    return [(str(s), int(b), bool(c)) for s, b, c in rows]
+
+
+@dataclass
+class Scene:
+    """Sink "a": batch 4 decided (partitions 0 and 1), an orphan attempt of batch 4, batch 5
+    prepared but undecided. Sink "b": batch 0 undecided. Foreign: another application's
+    gid, a look-alike of sink a's, sink a's gid in another database."""
+
+    commit: list[str]
+    rollback: list[str]
+    b_gid: str
+    foreign: list[str]
+
+
+def scene(db: Db, other: Db) -> Scene:
+    p0 = prepare(db, "a", 4, 0, range(0, 5))
+    p1 = prepare(db, "a", 4, 1, range(5, 10))
+    orphan = prepare(db, "a", 4, 0, range(100, 105), attempt=777)  # a denied attempt
+    undecided = prepare(db, "a", 5, 0, range(200, 205))
+    decide(db, "a", 4, [p0, p1], 10)
+    b_gid = prepare(db, "b", 0, 0, range(300, 302))
+    foreign = [
+        prepare_foreign(db, f"app_tx_{uuid.uuid4().hex[:6]}"),
+        prepare_foreign(db, "sqlsink_a_9_0"),  # our prefix, not our shape
+        prepare_foreign(other, str(Gid("a", 4, 0, RUN, 1))),  # our shape, another database
+    ]
+    return Scene([p0, p1], [orphan, undecided], b_gid, foreign)
+
+
+def cleanup(server: PgServer, gids: list[str]) -> None:
+    for gid, database in prepared_transactions(server.admin_url):
+        if gid in gids:
+            with psycopg.connect(server.db_url(database), autocommit=True) as conn:
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
+# -- recover ------------------------------------------------------------------------------
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(db: Db, other_db: Db) -> None:
+    s = scene(db, other_db)
+    try:
+        before = (db.gids(), other_db.gids(), decisions_of(db), ids_in(db))
+        result = sqlsink("recover", "--url", db.url, "--dry-run", "--json")
+        assert result.code == 1, result.err  # something left to do
+        doc = result.json
+        assert doc["dry_run"] is True and doc["database"] == db.name
+        assert {x["sink_id"]: x["status"] for x in doc["sinks"]} == {"a": "planned", "b": "planned"}
+        actions = {a["gid"]: a for a in doc["actions"]}
+        for gid in s.commit:
+            assert actions[gid]["action"] == "commit" and actions[gid]["done"] is False
+            assert actions[gid]["reason"] == "batch 4 is decided"
+        assert actions[s.rollback[0]]["reason"] == "batch 4 is decided without this attempt"
+        assert actions[s.rollback[1]]["reason"] == "batch 5 is undecided"
+        assert actions[s.b_gid]["action"] == "rollback"
+        for gid in s.foreign:
+            assert actions[gid]["action"] == "leave", gid
+        assert actions[s.foreign[2]]["database"] == other_db.name
+        assert actions[s.foreign[2]]["reason"] == f"in database {other_db.name}"
+        p1 = actions[s.commit[1]]
+        assert (p1["sink_id"], p1["batch_id"], p1["partition_id"], p1["owner"]) == (
+            "a",
+            4,
+            1,
+            "postgres",
+        )
+        assert 0 <= p1["age_seconds"] < 60
+        assert (db.gids(), other_db.gids(), decisions_of(db), ids_in(db)) == before
+
+        human = sqlsink("recover", "--url", db.url, "--dry-run")
+        assert human.code == 1
+        assert "dry run" in human.out
+        line = next(x for x in human.out.splitlines() if x.startswith(s.commit[0]))
+        assert line.split()[1:4] == ["a", "4", "0"] and "would commit" in line
+        assert (db.gids(), other_db.gids(), decisions_of(db), ids_in(db)) == before
+    finally:
+        cleanup(db.server, s.foreign)
+
+
+def test_recover_every_sink_acts_and_leaves_foreign_transactions(db: Db, other_db: Db) -> None:
+    s = scene(db, other_db)
+    try:
+        result = sqlsink("recover", "--url", db.url, "--json")
+        assert result.code == 0, result.out + result.err
+        doc = result.json
+        acted = {gid: (a, done) for gid, (a, done) in result.actions().items()}
+        assert all(acted[g] == ("commit", True) for g in s.commit)
+        assert all(acted[g] == ("rollback", True) for g in [*s.rollback, s.b_gid])
+        assert all(acted[g] == ("leave", False) for g in s.foreign)
+        sink_a = next(x for x in doc["sinks"] if x["sink_id"] == "a")
+        assert sink_a["status"] == "recovered" and sink_a["completed_batches"] == [4]
+        assert (sink_a["committed"], sink_a["rolled_back"]) == (2, 2)
+        assert ids_in(db) == list(range(10))  # batch 4 only: orphan, batch 5, sink b rolled back
+        assert db.gids() | other_db.gids() == set(s.foreign)  # foreign ones untouched
+        assert decisions_of(db) == [("a", 4, True)]
+        # a second run finds nothing of the sinks' to do
+        again = sqlsink("recover", "--url", db.url)
+        assert again.code == 0, again.out + again.err
+        assert "result: 0 committed, 0 rolled back" in again.out
+        assert "not a sqlsink transaction" in again.out  # the foreign ones are listed, left
+    finally:
+        cleanup(db.server, s.foreign)
+
+
+def test_recover_one_sink_leaves_the_other_sinks(db: Db, other_db: Db) -> None:
+    s = scene(db, other_db)
+    try:
+        result = sqlsink("recover", "--url", db.url, "--sink-id", "a")
+        # exit 1: sink a also has a gid in another database, which is said (and left)
+        assert result.code == 1, result.out + result.err
+        assert "WARNING: sink a: 1 prepared transaction(s) of sink a are in database" in result.out
+        b_line = next(x for x in result.out.splitlines() if x.startswith(s.b_gid))
+        assert "leave" in b_line and "belongs to sink b" in b_line
+        assert db.gids() == {s.b_gid, *s.foreign[:2]}
+        # sink a has a gid in another database: it is said, and not touched
+        assert f"in database {other_db.name}" in result.out
+        assert other_db.gids() == {s.foreign[2]}
+    finally:
+        cleanup(db.server, [*s.foreign, s.b_gid])
+
+
+def test_data_loss_is_exit_3_naming_batch_and_partition(db: Db) -> None:
+    p0 = prepare(db, "a", 2, 0, range(0, 5))
+    p1 = prepare(db, "a", 2, 1, range(5, 10))
+    decide(db, "a", 2, [p0, p1], 10)
+    with db.connect() as conn:  # someone rolls back a decided transaction
+        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(p1)))
+
+    dry = sqlsink("recover", "--url", db.url, "--dry-run", "--json")
+    assert dry.code == 3, dry.out + dry.err
+    assert dry.json["data_loss"] == [{"sink_id": "a", "batch_id": 2, "partition_id": 1, "gid": p1}]
+    assert db.gids() == {p0}
+
+    real = sqlsink("recover", "--url", db.url)
+    assert real.code == 3, real.out + real.err
+    assert "DATA LOSS" in real.out and "batch 2 partition 1" in real.out and p1 in real.out
+    assert ids_in(db) == list(range(5))  # the rest of the batch was still committed
+    assert decisions_of(db) == [("a", 2, False)]  # stays incomplete: reported every time
+
+    status = sqlsink("status", "--url", db.url, "--json")
+    assert status.code == 3
+    assert status.json["data_loss"] == [
+        {"sink_id": "a", "batch_id": 2, "partition_id": 1, "gid": p1}
+    ]
+    again = sqlsink("recover", "--url", db.url, "--json")
+    assert again.code == 3 and again.json["data_loss"][0]["gid"] == p1
+
+
+# -- liveness -----------------------------------------------------------------------------
+
+
+def test_recover_refuses_while_the_sink_lock_is_held_and_force_waits_for_it(db: Db) -> None:
+    gid = prepare(db, "a", 0, 0, range(3))
+    with db.connect() as holder:  # a committer of sink a in the middle of a commit
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key("a"),))
+        pid = holder.info.backend_pid
+        refused = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--json")
+        assert refused.code == 1, refused.out + refused.err
+        sink = refused.json["sinks"][0]
+        assert sink["status"] == "refused" and sink["live"] is True and sink["lock"] == "held"
+        assert [s["pid"] for s in sink["lock_holders"]] == [pid]
+        assert refused.actions()[gid] == ("rollback", False)
+        assert "live" in refused.json["warnings"][0]["message"]
+        assert "--force" in refused.json["warnings"][0]["fix"]
+        assert db.gids() == {gid}
+
+        short = sqlsink(
+            "recover", "--url", db.url, "--sink-id", "a", "--force", "--lock-timeout", "0.5s"
+        )
+        assert short.code == 1 and "still held" in short.out, short.out + short.err
+        assert db.gids() == {gid}
+
+        # --force still takes the lock: it waits for the commit to end, then acts
+        command = ["recover", "--url", db.url, "--sink-id", "a", "--force"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sqlsink", *command],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()
+        assert db.gids() == {gid}
+        holder.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key("a"),))
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    assert db.gids() == set() and ids_in(db) == []
+
+
+def test_recover_refuses_while_a_task_of_the_sink_is_connected(db: Db) -> None:
+    gid = prepare(db, "a", 3, 0, range(3))
+    task_name = "sqlsink sink a, batch 4, partition 0"
+    with psycopg.connect(db.url, autocommit=True, application_name=task_name) as task:
+        refused = sqlsink("recover", "--url", db.url)
+        assert refused.code == 1, refused.out + refused.err
+        assert f"pid {task.info.backend_pid} '{task_name}'" in refused.out
+        assert "refused" in refused.out and db.gids() == {gid}
+        # a sibling sink's task is not this sink's ("a-2" is not "a")
+        with psycopg.connect(
+            db.url, autocommit=True, application_name="sqlsink sink a-2, batch 1, partition 0"
+        ):
+            pass
+        forced = sqlsink("recover", "--url", db.url, "--force", "--json")
+        assert forced.code == 0, forced.out + forced.err
+        assert forced.actions()[gid] == ("rollback", True)
+    assert db.gids() == set()
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+def test_status_reports_batches_prepared_transactions_and_old_ones(db: Db, other_db: Db) -> None:
+    for batch in range(3):
+        gid = prepare(db, "a", batch, 0, range(batch * 10, batch * 10 + 4))
+        decide(db, "a", batch, [gid], 4)
+        with db.connect() as conn:
+            PostgresBackend(conn).commit_prepared(gid)
+            PostgresBackend(conn).mark_complete("a", [batch])
+    decided = prepare(db, "a", 3, 0, range(30, 33))
+    decide(db, "a", 3, [decided], 3)  # decided, not committed yet
+    open_gid = prepare(db, "a", 4, 0, range(40, 42))  # prepared, undecided
+    foreign = prepare_foreign(db, f"app_tx_{uuid.uuid4().hex[:6]}")
+    try:
+        fresh = sqlsink("status", "--url", db.url, "--json", "--batches", "3")
+        assert fresh.code == 0, fresh.out + fresh.err  # nothing older than 5 minutes
+        doc = fresh.json
+        assert doc["command"] == "status" and doc["version"] == 1 and doc["exit_code"] == 0
+        (sink,) = doc["sinks"]
+        assert sink["sink_id"] == "a" and sink["bound_query_id"] == "q1"
+        assert (sink["last_decided_batch"], sink["last_complete_batch"]) == (3, 2)
+        assert sink["incomplete_batches"] == [3]
+        assert [b["batch_id"] for b in sink["recent_batches"]] == [3, 2, 1]
+        assert (
+            sink["recent_batches"][0]["rows"] == 3
+            and sink["recent_batches"][0]["completed_at"] is None
+        )
+        assert sink["recent_batches"][1]["completed_at"] is not None
+        assert [(p["gid"], p["batch_id"], p["decided"]) for p in sink["prepared"]] == [
+            (decided, 3, True), (open_gid, 4, False),
+        ]  # fmt: skip
+        assert sink["live"] is False
+        assert [o["gid"] for o in doc["other_prepared"]] == [foreign]
+
+        old = sqlsink("status", "--url", db.url, "--json", "--max-age", "0s")
+        assert old.code == 1
+        messages = [w for w in old.json["warnings"] if w["sink_id"] == "a"]
+        vacuum = next(w for w in messages if "blocks VACUUM" in w["message"])
+        assert "2 prepared transaction(s)" in vacuum["message"]
+        assert "sqlsink recover" in vacuum["fix"] and "--sink-id a" in vacuum["fix"]
+        assert any("not complete" in w["message"] for w in messages)
+        assert any("not a sink's" in w["message"] for w in old.json["warnings"])
+
+        human = sqlsink("status", "--url", db.url, "--sink-id", "a", "--max-age", "0s")
+        assert human.code == 1
+        assert "holds its locks and blocks VACUUM" in human.out
+        assert "NOT COMPLETE" in human.out and open_gid in human.out
+
+        unknown = sqlsink("status", "--url", db.url, "--sink-id", "nope")
+        assert unknown.code == 2 and "unknown sink nope" in unknown.err
+    finally:
+        cleanup(db.server, [decided, open_gid, foreign])
+
+
+# -- check --------------------------------------------------------------------------------
+
+
+def test_check_without_and_with_the_schema(bare_db: Db) -> None:
+    result = sqlsink("check", "--url", bare_db.url, "--json")
+    assert result.code == 0, result.out + result.err
+    findings = {f["setting"]: f for f in result.json["findings"]}
+    mpt = findings["max_prepared_transactions"]
+    assert mpt["level"] == "ok" and int(mpt["value"]) > 0 and mpt["source"]
+    assert findings["sqlsink schema"]["value"] == "not installed"
+    assert "first run" in findings["sqlsink schema"]["message"]
+    assert findings["role"]["level"] == "ok"  # the test server's superuser
+    assert findings["CREATE on database"]["level"] == "ok"
+    assert set(findings["statement_timeout"]) == {
+        "level",
+        "setting",
+        "value",
+        "source",
+        "message",
+        "fix",
+    }
+
+    # recover and status cannot work without the commit log: one line, the fix, exit 2
+    for command in ("recover", "status"):
+        missing = sqlsink(command, "--url", bare_db.url)
+        assert missing.code == 2
+        assert "sqlsink schema" in missing.err and "created by the sink's first run" in missing.err
+        assert "Traceback" not in missing.err and len(missing.err.strip().splitlines()) == 1
+
+    with bare_db.connect() as conn:
+        ensure_schema(conn)
+    human = sqlsink("check", "--url", bare_db.url, "--trigger-interval", "10s")
+    assert human.code == 0, human.out + human.err
+    assert "max_prepared_transactions" in human.out and "version 1" in human.out
+
+
+def test_check_and_recover_as_a_role_without_privileges(db: Db) -> None:
+    role = f"cli_role_{uuid.uuid4().hex[:6]}"
+    gid = prepare(db, "a", 0, 0, range(3))  # prepared by postgres
+    with db.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("REVOKE CREATE ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db.name))
+        )
+    url = psycopg.conninfo.make_conninfo(db.url, user=role)
+    try:
+        check = sqlsink("check", "--url", url, "--json")
+        assert check.code == 2, check.out + check.err
+        levels = {f["setting"]: f["level"] for f in check.json["findings"]}
+        assert levels["role"] == "info" and levels["sqlsink privileges"] == "error"
+        assert levels["prepared transaction owner"] == "warning"
+
+        denied = sqlsink("recover", "--url", url)
+        assert denied.code == 2 and "permission denied" in denied.err
+        assert "Traceback" not in denied.err and len(denied.err.strip().splitlines()) == 1
+
+        with db.connect() as conn:
+            for grant in (
+                "GRANT USAGE ON SCHEMA sqlsink TO {}",
+                "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA sqlsink TO {}",
+            ):
+                conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
+        not_owner = sqlsink("recover", "--url", url, "--json")
+        assert not_owner.code == 2, not_owner.out + not_owner.err
+        (sink,) = not_owner.json["sinks"]
+        assert sink["status"] == "failed"
+        assert "prepared by role(s) postgres" in sink["message"] and "superuser" in sink["message"]
+        assert db.gids() == {gid}
+    finally:
+        cleanup(db.server, [gid])
+        with db.connect() as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# -- the checkpoint -----------------------------------------------------------------------
+
+
+def make_checkpoint(root: Path, query_id: str, offsets: list[int], commits: list[int]) -> Path:
+    """What Spark leaves: metadata, offsets/N, commits/N (with .crc and temporary files)."""
+    root.mkdir()
+    (root / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    (root / "offsets").mkdir()
+    (root / "commits").mkdir()
+    for n in offsets:
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000 + n, "conf": {}}
+        (root / "offsets" / str(n)).write_text(f'v1\n{json.dumps(meta)}\n{{"logOffset":{n}}}')
+        (root / "offsets" / f".{n}.crc").write_bytes(b"crc")
+    for n in commits:
+        (root / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (root / "commits" / f".{max(offsets)}.{uuid.uuid4()}.tmp").write_text("v1\n")
+    (root / "sources").mkdir()
+    return root
+
+
+def test_checkpoint_relation_is_reported_per_batch(db: Db, tmp_path: Path) -> None:
+    query = str(uuid.uuid4())
+    done = prepare(db, query, 40, 0, range(0, 4))
+    decide(db, query, 40, [done], 4, query=query)
+    with db.connect() as conn:
+        PostgresBackend(conn).commit_prepared(done)
+        PostgresBackend(conn).mark_complete(query, [40])
+    replay = prepare(db, query, 41, 0, range(10, 14))
+    decide(db, query, 41, [replay], 4, query=query)  # decided; the driver died before commits/41
+    rerun = prepare(db, query, 42, 0, range(20, 24))  # prepared, no decision
+    checkpoint = make_checkpoint(tmp_path / "chk", query, [39, 40, 41, 42], [39, 40])
+
+    result = sqlsink("recover", "--url", db.url, "--checkpoint", str(checkpoint), "--json")
+    assert result.code == 0, result.out + result.err
+    doc = result.json["checkpoint"]
+    assert (doc["query_id"], doc["sink_id"], doc["bound_query_id"]) == (query, query, query)
+    assert (doc["last_offsets_batch"], doc["last_committed_batch"]) == (42, 40)
+    states = {b["batch_id"]: (b["state"], b["decision"]) for b in doc["batches"]}
+    assert states == {
+        39: ("no_decision", "none"),  # before the sink's first decision
+        40: ("consistent", "complete"),
+        41: ("replay_skip", "complete"),
+        42: ("rerun", "none"),
+    }
+    messages = {b["batch_id"]: b["message"] for b in doc["batches"]}
+    assert messages[41] == (
+        "batch 41 is committed in PostgreSQL but not in Spark's commit log; Spark will replay "
+        "it and the sink will skip it"
+    )
+    assert messages[42] == "batch 42 has offsets but no decision: Spark will re-run it"
+    assert result.actions()[replay] == ("commit", True)
+    assert result.actions()[rerun] == ("rollback", True)
+    assert ids_in(db) == [0, 1, 2, 3, 10, 11, 12, 13]
+
+    human = sqlsink("recover", "--url", db.url, "--checkpoint", str(checkpoint), "--dry-run")
+    assert human.code == 0, human.out + human.err
+    assert "Spark will replay it and the sink will skip it" in human.out
+    assert "batch 42 has offsets but no decision: Spark will re-run it" in human.out
+
+
+def test_checkpoint_of_another_query_is_refused(db: Db, tmp_path: Path) -> None:
+    gid = prepare(db, "orders", 0, 0, range(3))
+    decide(db, "orders", 0, [gid], 3, query="the-bound-query")
+    checkpoint = make_checkpoint(tmp_path / "chk", "another-query", [0, 1], [0])
+    result = sqlsink(
+        "recover", "--url", db.url, "--sink-id", "orders", "--checkpoint", str(checkpoint)
+    )
+    assert result.code == 2, result.out + result.err
+    assert "bound to streaming query the-bound-query" in result.err
+    assert "belongs to query another-query" in result.err
+    assert db.gids() == {gid}  # nothing done, not even the decided commit
+    cleanup(db.server, [gid])
+
+    not_a_checkpoint = sqlsink("recover", "--url", db.url, "--checkpoint", str(tmp_path))
+    assert not_a_checkpoint.code == 2 and "no 'metadata' file" in not_a_checkpoint.err
+
+
+def test_read_checkpoint_ignores_crc_and_temporary_files(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "chk", "q-1", [5, 6, 7], [5, 6])
+    (path / "offsets" / "8").write_text("garbage")  # not a log entry: reported, ignored
+    checkpoint = read_checkpoint(f"file://{path}")
+    assert checkpoint.query_id == "q-1"
+    assert sorted(checkpoint.offsets) == [5, 6, 7] and checkpoint.commits == {5, 6}
+    assert checkpoint.offsets[7].timestamp_ms == 1_700_000_000_007
+    assert len(checkpoint.problems) == 1 and "offsets/8" in checkpoint.problems[0]
+
+
+# -- secrets, errors, progress ------------------------------------------------------------
+
+
+def test_a_password_never_appears_in_any_output(db: Db) -> None:
+    info = psycopg.conninfo.conninfo_to_dict(db.url)
+    host, port = info.get("host", "127.0.0.1"), info.get("port", "5432")
+    url = f"postgresql://{info.get('user', 'postgres')}:{PASSWORD}@{host}:{port}/{db.name}"
+    keywords = f"host={host} port={port} dbname={db.name} password={PASSWORD}"  # password last
+    closed = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/{db.name}"
+    env = {"PGPASSWORD": "env-" + PASSWORD}
+    gid = prepare(db, "a", 0, 0, range(2))
+    read_only = sqlsink_parallel(
+        [
+            ["check", "--url", url],
+            ["check", "--url", keywords, "--json"],
+            ["status", "--url", url, "--max-age", "0s"],
+            ["status", "--url", keywords, "--json"],
+            ["recover", "--url", url, "--dry-run"],
+        ],
+        env=env,
+    )
+    assert [r.code for r in read_only] == [0, 0, 1, 0, 1], [r.err for r in read_only]
+    assert read_only[1].json["url"].endswith("password=***")  # still valid JSON
+    real = sqlsink("recover", "--url", url, "--json", env=env)
+    assert real.code == 0 and real.actions()[gid] == ("rollback", True)
+    failed = sqlsink_parallel(
+        [[command, "--url", closed, *flags] for command in ("check", "status", "recover")
+         for flags in ((), ("--json",))],
+        env=env,
+    )  # fmt: skip
+    assert [r.code for r in failed] == [2] * 6
+    assert "cannot connect to PostgreSQL at postgresql://postgres:***@127.0.0.1:1" in failed[0].err
+    assert failed[1].json["error"]["message"].startswith("cannot connect")
+    for r in [*read_only, real, *failed]:
+        assert PASSWORD not in r.out + r.err
+        assert "Traceback" not in r.err
+    assert ":***@" in read_only[0].out
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SQLSINK_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqlsink", "status"], capture_output=True, text=True, env=env,
+        cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--url" in proc.stderr
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["recover", "--url", "x", "--sink-id", "bad_id"])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["status", "--url", "x", "--max-age", "soon"])
+    assert exit_.value.code == 2
+
+
+def test_long_plans_show_progress_on_stderr(
+    db: Db, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gids = [prepare(db, "a", b, 0, range(b * 10, b * 10 + 1)) for b in range(5)]
+    monkeypatch.setattr(cli, "PROGRESS_EVERY", 2)
+    assert cli.main(["recover", "--url", db.url]) == 0
+    captured = capsys.readouterr()
+    assert "finishing 5 prepared transactions" in captured.err
+    assert "2/5 prepared transactions finished" in captured.err
+    assert "4/5 prepared transactions finished" in captured.err
+    assert all(g in captured.out for g in gids)
+
+
+def test_relate_warns_when_the_commit_log_is_ahead_of_the_checkpoint(tmp_path: Path) -> None:
+    checkpoint = read_checkpoint(str(make_checkpoint(tmp_path / "chk", "q", [3, 4], [3, 4])))
+    decided = {b: DecisionState(complete=True, rows=1, gids=1, prepared=0) for b in (3, 4, 5, 6)}
+    states = {r.batch_id: (r.state, r.level) for r in relate(checkpoint, decided)}
+    assert states == {
+        3: ("consistent", "ok"),
+        4: ("consistent", "ok"),
+        5: ("ahead", "warning"),
+        6: ("ahead", "warning"),
+    }

@@ -1,0 +1,98 @@
+"""The streaming sink end to end, in the shared SparkSession against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fix_pg import PgServer, prepared_transactions
+from tests.spark.streams import decided_batches, query_id, run_query, table_ids, write_source
+
+pytestmark = pytest.mark.spark
+
+
+def options(pg_url: str, table: str, **extra: str) -> dict[str, str]:
+    return {"url": pg_url, "table": table, "createTable": "true", **extra}
+
+
+def test_exactly_once_streaming_append(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    write_source(tmp_path / "src", [range(0, 40), range(40, 90), range(90, 100)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    assert table_ids(pg_url, table) == list(range(100))
+    sink_id = query_id(tmp_path / "chk")  # the default sink id
+    assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
+    assert prepared_transactions(pg_server.admin_url) == []
+
+
+def test_replay_of_a_committed_batch_writes_nothing(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    write_source(tmp_path / "src", [range(0, 30), range(30, 60)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    for name in ("1", ".1.crc"):  # Spark will re-run batch 1
+        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    assert (tmp_path / "chk" / "commits" / "1").exists()
+    assert table_ids(pg_url, table) == list(range(60))
+
+
+def test_more_data_after_restart_continues_once(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    write_source(tmp_path / "src", [range(0, 10)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    write_source(tmp_path / "src", [range(0, 10), range(10, 25)])  # file 0 again: same name
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    assert table_ids(pg_url, table) == list(range(25))
+
+
+def test_task_that_prepared_then_failed_is_swept(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, faults: Any, pg_server: PgServer
+) -> None:
+    write_source(tmp_path / "src", [range(0, 20), range(20, 40)])
+    faults(
+        [{"point": "after_prepare", "batch": 1, "partition": 0, "attempt": 0, "action": "raise"}]
+    )
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    assert [(f["batch"], f["partition"]) for f in faults.fired()] == [(1, 0)]
+    assert table_ids(pg_url, table) == list(range(40))
+    assert prepared_transactions(pg_server.admin_url) == []
+
+
+@pytest.mark.parametrize("semantic", ["at_least_once", "none"])
+def test_weaker_semantics_write_directly(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, semantic: str, pg_server: PgServer
+) -> None:
+    write_source(tmp_path / "src", [range(0, 15), range(15, 30)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table, semantic=semantic))
+    assert table_ids(pg_url, table) == list(range(30))
+    assert prepared_transactions(pg_server.admin_url) == []
+
+
+def test_new_query_reusing_a_bound_sink_id_is_refused(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    write_source(tmp_path / "src", [range(0, 10)])
+    opts = options(pg_url, table, sinkId=f"shared-{table[2:]}")
+    run_query(spark, tmp_path / "src", tmp_path / "chk-a", opts)
+    with pytest.raises(Exception, match="is bound to streaming query") as err:
+        run_query(spark, tmp_path / "src", tmp_path / "chk-b", opts)
+    assert "sinkId" in str(err.value)
+    assert table_ids(pg_url, table) == list(range(10))
+
+
+def test_unknown_option_is_refused_before_anything_runs(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    write_source(tmp_path / "src", [range(0, 5)])
+    with pytest.raises(Exception, match=r"unknown option 'tabel'.*known options"):
+        run_query(
+            spark,
+            tmp_path / "src",
+            tmp_path / "chk",
+            {"url": pg_url, "table": table, "tabel": "x", "createTable": "true"},
+        )

@@ -1,0 +1,87 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from sqlsink.errors import ConfigError
+from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id, parse_duration
+from sqlsink.postgres.catalog import TableName
+from sqlsink.postgres.connection import conninfo, redact, scrub
+
+
+def test_options_are_case_insensitive_with_defaults() -> None:
+    opts = SinkOptions.parse({"URL": "postgresql://a@h/db", "Table": "Public.Events"})
+    assert opts.table == TableName("public", "events")
+    assert opts.semantic is Semantic.EXACTLY_ONCE
+    assert opts.sink_id is None and opts.create_table is False
+
+
+def test_all_problems_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        SinkOptions.parse({"tabel": "x", "sematic": "none"})
+    message = str(err.value)
+    for part in (
+        "unknown option 'tabel'",
+        "unknown option 'sematic'",
+        "url is required",
+        "table is required",
+        "known options",
+    ):
+        assert part in message
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"semantic": "twice"}, "unknown value 'twice'.*exactly_once, at_least_once, none"),
+        ({"sinkId": "a_b"}, "invalid sinkId"),
+        ({"sinkId": 'x"; DROP TABLE y; --'}, "invalid sinkId"),
+        ({"createTable": "maybe"}, "is not true or false"),
+        ({"mode": "merge"}, "mode: 'merge' is not supported"),
+        ({"lockTimeout": "soon"}, "not a duration"),
+        ({"table": "a.b.c"}, "invalid table name"),
+    ],
+)
+def test_bad_values(options: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        SinkOptions.parse({"url": "postgresql://h/db", "table": "t", **options})
+
+
+def test_quoted_table_names_keep_case_and_quotes() -> None:
+    assert TableName.parse('"My Schema"."Odd ""Name"""') == TableName("My Schema", 'Odd "Name"')
+    assert TableName.parse("events") == TableName("public", "events")
+    with pytest.raises(ValueError, match="invalid table name"):
+        TableName.parse('x"; DROP TABLE y; --')  # an unbalanced quote is refused
+    # anything else becomes one identifier, always quoted when rendered
+    assert TableName.parse("x; DROP TABLE y; --") == TableName("public", "x; drop table y; --")
+
+
+def test_durations() -> None:
+    assert parse_duration("d", "500ms") == 0.5
+    assert parse_duration("d", "15min") == 900
+    assert parse_duration("d", "2") == 2
+
+
+def test_password_never_in_repr_or_redacted_urls() -> None:
+    opts = SinkOptions.parse(
+        {"url": "postgresql://app:hunter2@db/shop", "table": "t", "password": "pw-option"}
+    )
+    assert "hunter2" not in repr(opts) and "pw-option" not in repr(opts)
+    assert redact("postgresql://app:hunter2@db:5432/shop") == "postgresql://app:***@db:5432/shop"
+    assert "hunter2" not in redact("host=db password=hunter2 user=app")
+    assert "hunter2" not in redact("host=db password='hun ter2' user=app")
+    assert "hunter2" not in redact("postgresql://db/shop?password=hunter2&sslmode=off")
+    assert scrub("failed for hunter2", "postgresql://app:hunter2@db/shop") == "failed for ***"
+
+
+def test_jdbc_prefix_and_password_option() -> None:
+    info = conninfo("jdbc:postgresql://app@db:5432/shop", "s3cret")
+    assert "password=s3cret" in info and "host=db" in info
+
+
+def test_sink_id_defaults_to_the_checkpoint_query_id(tmp_path: Path) -> None:
+    (tmp_path / "metadata").write_text(json.dumps({"id": "1234-abcd"}) + "\n")
+    assert checkpoint_query_id(str(tmp_path)) == "1234-abcd"
+    assert checkpoint_query_id(f"file://{tmp_path}") == "1234-abcd"
+    assert checkpoint_query_id(str(tmp_path / "missing")) is None
+    assert checkpoint_query_id("s3a://bucket/chk") is None
