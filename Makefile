@@ -22,8 +22,8 @@ demo: setup
 	$(PY) examples/demo.py $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check sqlsink tests examples benchmarks
-	$(VENV)/bin/ruff format --check sqlsink tests examples benchmarks
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test: lint

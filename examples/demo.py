@@ -124,6 +124,7 @@ def run_driver(source: str, checkpoint: str, url: str) -> int:
         SparkSession.builder.master("local[2]")
         .appName("sqlsink-demo")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
@@ -133,6 +134,7 @@ def run_driver(source: str, checkpoint: str, url: str) -> int:
         spark.readStream.schema("id BIGINT, kind STRING, amount INT")
         .option("maxFilesPerTrigger", 1)
         .json(source)
+        .repartition(2)  # two partitions, two prepared transactions per batch
     )
     query = (
         events.writeStream.format("sqlsink")

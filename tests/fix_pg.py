@@ -103,15 +103,23 @@ def table(pg_url: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("public", name)))
 
 
-def prepared_transactions(admin_url: str) -> list[tuple[str, str]]:
+def prepared_transactions(url: str) -> list[tuple[str, str]]:
     """(gid, database) of every prepared transaction of the cluster."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid").fetchall()
     return [(str(gid), str(db)) for gid, db in rows]
 
 
-def rollback_all_prepared(server: PgServer) -> None:
-    for gid, database in prepared_transactions(server.admin_url):
+def prepared_in_test_db(server: PgServer) -> list[tuple[str, str]]:
+    """Those in the test database: the guard never touches another database's, so a
+    server shared through SQLSINK_TEST_URL keeps other users' transactions."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+    return [t for t in prepared_transactions(server.url) if row and t[1] == row[0]]
+
+
+def rollback_all_prepared(server: PgServer, only: list[tuple[str, str]] | None = None) -> None:
+    for gid, database in only if only is not None else prepared_transactions(server.admin_url):
         with psycopg.connect(server.db_url(database), autocommit=True) as conn:
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
 
@@ -123,11 +131,11 @@ def no_prepared_transaction_left(request: pytest.FixtureRequest) -> Iterator[Non
         yield
         return
     server: PgServer = request.getfixturevalue("pg_server")
-    before = prepared_transactions(server.admin_url)
+    before = prepared_in_test_db(server)
     if before:
-        rollback_all_prepared(server)
+        rollback_all_prepared(server, before)
     yield
-    left = prepared_transactions(server.admin_url)
+    left = prepared_in_test_db(server)
     if left:
-        rollback_all_prepared(server)
+        rollback_all_prepared(server, left)
         pytest.fail(f"the test left prepared transactions behind: {left}")

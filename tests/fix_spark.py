@@ -39,6 +39,7 @@ def spark(faults_file: Path) -> Iterator[Any]:
         SparkSession.builder.master("local[2,3]")
         .appName("sqlsink-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")

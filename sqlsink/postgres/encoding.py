@@ -115,7 +115,7 @@ _I64_MAX = 2**63 - 1
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
 _LONG_VALUE = 1024  # bodies at least this long are copied one slice each
-_CHUNK = 1 << 18  # bytes per vectorised scatter: bounds the int64 index temporaries
+_CHUNK = 1 << 16  # bytes per vectorised scatter: bounds the int64 index temporaries
 
 
 # -- fields: what a column encoder produces ----------------------------------------------------

@@ -8,7 +8,7 @@ import ipaddress
 import math
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,16 +35,6 @@ INF = float("inf")
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def no_prepared_transaction_left() -> Iterator[None]:
-    """Overrides tests/fix_pg.py's guard for this module: nothing here prepares a transaction.
-
-    The guard looks at (and rolls back) every prepared transaction of the cluster, which on a
-    server shared through SQLSINK_TEST_URL would catch, and undo, other test runs' transactions.
-    """
-    yield
 
 
 def create(conn: Conn, table: str, columns: dict[str, str]) -> list[TargetColumn]:

@@ -25,6 +25,7 @@ def main() -> int:
         SparkSession.builder.master("local[2]")
         .appName("sqlsink-crash-driver")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()

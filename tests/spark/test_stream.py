@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
-from tests.fix_pg import PgServer, prepared_transactions
+from sqlsink.core.gid import Gid
+from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
 from tests.spark.streams import decided_batches, query_id, run_query, table_ids, write_source
 
 pytestmark = pytest.mark.spark
@@ -96,3 +99,36 @@ def test_unknown_option_is_refused_before_anything_runs(
             tmp_path / "chk",
             {"url": pg_url, "table": table, "tabel": "x", "createTable": "true"},
         )
+
+
+def test_leftovers_of_a_dead_run_are_resolved_before_writing_and_foreign_gids_survive(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    write_source(tmp_path / "src", [range(0, 20), range(20, 40)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    sink_id = query_id(tmp_path / "chk")
+    for name in ("1", ".1.crc"):  # batch 1 will be re-run ...
+        (tmp_path / "chk" / "commits" / name).unlink()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # ... and pretend a dead run left batch 2 prepared, undecided, holding ids 40..44
+        conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(sql.Identifier(table)))
+    dead = str(Gid(sink_id, 2, 0, "dead-run", 1))
+    foreign = ["app_tx_7", f"sqlsink_{sink_id}_2_0", str(Gid("other-sink", 2, 0, "dead-run", 1))]
+    for gid, ids in [(dead, range(40, 45)), *((g, range(0)) for g in foreign)]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            for i in ids:
+                conn.execute(
+                    sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table)), (i,)
+                )
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    try:
+        write_source(tmp_path / "src", [range(0, 20), range(20, 40), range(40, 60)])
+        run_query(
+            spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table, lockTimeout="20s")
+        )
+        assert table_ids(pg_url, table) == list(range(60))
+        left = sorted(g for g, _ in prepared_transactions(pg_server.admin_url))
+        assert left == sorted(foreign)
+    finally:
+        rollback_all_prepared(pg_server)
