@@ -3,7 +3,14 @@
 -- advisory lock, when sqlsink.schema_version says it is missing. Later versions
 -- come as 002_*.sql, 003_*.sql, ... and are applied in order.
 
-CREATE SCHEMA IF NOT EXISTS sqlsink;
+-- Not "CREATE SCHEMA IF NOT EXISTS": that needs CREATE on the database even when
+-- the schema exists, and the least-privilege role (sql/setup_role.sql) owns a
+-- pre-created schema without that right.
+DO $$ BEGIN
+    IF to_regnamespace('sqlsink') IS NULL THEN
+        CREATE SCHEMA sqlsink;
+    END IF;
+END $$;
 
 CREATE TABLE IF NOT EXISTS sqlsink.schema_version (
     version    integer PRIMARY KEY,

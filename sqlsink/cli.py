@@ -98,6 +98,10 @@ Checkpoint states: see ``sqlsink.checkpoint.STATES``.
 
 ``check`` exits 2 when a finding is an error (the sink cannot run there as this role),
 1 on warnings.
+
+Usage errors (a bad flag, a malformed duration or sink id) are argparse's: a message
+on stderr and exit 2, without JSON. Human output goes to stdout; progress, notes and
+one-line errors go to stderr.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ import sys
 import traceback
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -163,7 +167,7 @@ class CliError(Exception):
 
 
 @dataclass
-class Warning_:
+class Notice:
     level: str  # info | warning | error
     message: str
     fix: str | None = None
@@ -450,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(
             out,
             doc,
-            f"permission denied: {_diag(exc)}",
+            _diag(exc)
+            if _diag(exc).startswith("permission denied")
+            else f"permission denied: {_diag(exc)}",
             "connect as the sink's role (the owner of the sqlsink schema) or a superuser",
         )
     except psycopg.errors.UndefinedTable as exc:
@@ -496,10 +502,10 @@ def _fail(
     out: Output, doc: dict[str, Any], message: str, fix: str | None, code: int = EXIT_ERROR
 ) -> int:
     doc["error"] = {"message": message, "fix": fix}
-    text = f"sqlsink {doc['command']}: error: {message}"
+    text = f"sqlsink {doc['command']}: error: {message.rstrip('. ')}"
     if fix:
         text += f". Fix: {fix}"
-    out.error(" ".join(text.split("\n")))
+    out.error(" ".join(text.split()))  # one line, whatever the server's message holds
     return code
 
 
@@ -530,7 +536,7 @@ def _header(out: Output, command: str, me: st.RoleInfo, extra: str = "") -> None
     )
 
 
-def _exit_code(warnings: Sequence[Warning_], lost: bool = False, failed: bool = False) -> int:
+def _exit_code(warnings: Sequence[Notice], lost: bool = False, failed: bool = False) -> int:
     if lost:
         return EXIT_LOSS
     if failed:
@@ -540,7 +546,7 @@ def _exit_code(warnings: Sequence[Warning_], lost: bool = False, failed: bool = 
     return EXIT_OK
 
 
-def _print_warnings(out: Output, warnings: Sequence[Warning_]) -> None:
+def _print_warnings(out: Output, warnings: Sequence[Notice]) -> None:
     shown = [w for w in warnings if w.level != "info"] + [w for w in warnings if w.level == "info"]
     if not shown:
         return
@@ -663,7 +669,7 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         _require_schema(conn, me)
         total = [0]
         backend = RecordingBackend(PostgresBackend(conn), lambda n: _progress(out, n, total[0]))
-        warnings: list[Warning_] = []
+        warnings: list[Notice] = []
         bound = st.sinks(conn)
         if checkpoint is not None and sink_id is not None:
             _check_checkpoint_binding(checkpoint, sink_id, bound, me)
@@ -674,7 +680,7 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         runs = [SinkRun(s, bound[s].query_id if s in bound else None) for s in targets]
         try:
             for run in runs:
-                _prepare_run(conn, backend, run, args, me, warnings)
+                _prepare_run(conn, backend, run, args, me, warnings, out)
             _act(out, backend, runs, args, total)
         finally:
             for run in runs:
@@ -690,10 +696,10 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         if (
             sink_id is not None
             and sink_id not in bound
-            and not any(a["json"]["sink_id"] == sink_id for a in actions)
+            and not any(a["sink_id"] == sink_id for a in actions)
         ):
             warnings.append(
-                Warning_(
+                Notice(
                     "warning",
                     f"sink {sink_id} is unknown in database {me.database}: no commit log rows and "
                     "no prepared transactions",
@@ -702,7 +708,7 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
                     sink_id,
                 )
             )
-        _foreign_warnings(actions, sink_id, me, warnings, out)
+        _foreign_warnings(actions, sink_id, me, warnings)
 
         checkpoint_doc = None
         if checkpoint is not None and sink_id is not None:
@@ -711,8 +717,8 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         _print_recover(out, runs, actions, lost, checkpoint_doc, args)
         _print_warnings(out, warnings)
 
-        doc["sinks"] = [_run_json(r) for r in runs]
-        doc["actions"] = [a["json"] for a in actions]
+        doc["sinks"] = [_run_json(r, actions) for r in runs]
+        doc["actions"] = actions
         doc["data_loss"] = [_loss_json(s, b, g) for s, b, g in lost]
         doc["checkpoint"] = checkpoint_doc
         doc["warnings"] = [w.as_json() for w in warnings]
@@ -720,7 +726,7 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         code = _exit_code(warnings, lost=bool(lost), failed=failed)
         if code == EXIT_OK and (
             any(r.status == "refused" for r in runs)
-            or any(a["json"]["action"] != "leave" and a["json"]["result"] is None for a in actions)
+            or any(a["action"] != "leave" and a["result"] is None for a in actions)
         ):
             code = EXIT_WARN
         _print_result(out, runs, actions, args.dry_run, code)
@@ -768,7 +774,8 @@ def _prepare_run(
     run: SinkRun,
     args: argparse.Namespace,
     me: st.RoleInfo,
-    warnings: list[Warning_],
+    warnings: list[Notice],
+    out: Output,
 ) -> None:
     """Liveness, the sink lock and the plan of one sink."""
     run.locked = st.try_sink_lock(conn, run.sink_id)
@@ -788,7 +795,7 @@ def _prepare_run(
             run.status = "data loss"
         if live:
             warnings.append(
-                Warning_(
+                Notice(
                     "warning",
                     f"the sink looks live ({run.evidence()}); a real run would refuse without "
                     "--force",
@@ -807,6 +814,10 @@ def _prepare_run(
         )
         return
     if not run.locked:
+        out.note(
+            f"sqlsink recover: sink {run.sink_id}: --force: waiting up to {args.lock_timeout:g}s "
+            f"for the sink's lock ({run.evidence()})"
+        )
         run.locked = st.wait_sink_lock(conn, run.sink_id, args.lock_timeout)
         if not run.locked:
             holders = st.lock_holders(conn, run.sink_id)
@@ -904,11 +915,11 @@ def _all_actions(
     now: datetime,
 ) -> list[dict[str, Any]]:
     """Every prepared transaction seen: the sinks' plans, then everybody else's (leave)."""
-    seen: dict[str, tuple[PlannedAction, str | None]] = {}
+    seen: dict[str, PlannedAction] = {}
     for run in runs:
         for action in run.plan.actions if run.plan else []:
             if action.prepared.gid not in seen or action.action is not Action.LEAVE:
-                seen[action.prepared.gid] = (action, run.sink_id)
+                seen[action.prepared.gid] = action
     rest = [t for t in st.all_prepared(conn) if t.gid not in seen]
     # the others: labelled by the same rule, which leaves whatever is not the sink's
     others = plan_resolution(
@@ -916,55 +927,46 @@ def _all_actions(
     )
     for action in others.actions:
         if action.action is not Action.LEAVE:  # a sink's gid that appeared after the listing
-            action = PlannedAction(
-                action.prepared,
-                action.gid,
-                Action.LEAVE,
-                "prepared after this run listed the sinks: run recover again",
-            )
-        seen[action.prepared.gid] = (action, None)
-    rows: list[dict[str, Any]] = []
-    for action, _ in seen.values():
-        txn, gid = action.prepared, action.gid
-        result = backend.finished.get(txn.gid)
-        done = result in ("committed", "rolled back") and action.action is not Action.LEAVE
-        rows.append(
-            {
-                "sort": (
-                    gid is None or action.action is Action.LEAVE,
-                    gid.sink_id if gid else "",
-                    gid.batch_id if gid else 0,
-                    gid.partition_id if gid else 0,
-                    txn.gid,
-                ),
-                "json": {
-                    "gid": txn.gid,
-                    "sink_id": gid.sink_id if gid else None,
-                    "batch_id": gid.batch_id if gid else None,
-                    "partition_id": gid.partition_id if gid else None,
-                    "run_id": gid.run_id if gid else None,
-                    "database": txn.database,
-                    "owner": txn.owner,
-                    "prepared_at": txn.prepared_at,
-                    "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
-                    "action": action.action.value,
-                    "reason": action.reason,
-                    "done": done,
-                    "result": result if action.action is not Action.LEAVE else None,
-                },
-            }
+            reason = "prepared after this run listed the sinks: run recover again"
+            action = PlannedAction(action.prepared, action.gid, Action.LEAVE, reason)
+        seen[action.prepared.gid] = action
+    rows = [_action_json(a, backend.finished.get(a.prepared.gid), now) for a in seen.values()]
+    rows.sort(
+        key=lambda j: (
+            j["action"] == "leave", j["sink_id"] or "", j["batch_id"] or 0,
+            j["partition_id"] or 0, j["gid"],
         )
-    rows.sort(key=lambda r: r["sort"])
+    )  # fmt: skip
     return rows
 
 
+def _action_json(action: PlannedAction, result: str | None, now: datetime) -> dict[str, Any]:
+    txn, gid = action.prepared, action.gid
+    acts = action.action is not Action.LEAVE
+    return {
+        "gid": txn.gid,
+        "sink_id": gid.sink_id if gid else None,
+        "batch_id": gid.batch_id if gid else None,
+        "partition_id": gid.partition_id if gid else None,
+        "run_id": gid.run_id if gid else None,
+        "database": txn.database,
+        "owner": txn.owner,
+        "prepared_at": txn.prepared_at,
+        "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
+        "action": action.action.value,
+        "reason": action.reason,
+        "done": acts and result in ("committed", "rolled back"),
+        "result": result if acts else None,
+    }
+
+
 def _sink_warnings(
-    run: SinkRun, args: argparse.Namespace, warnings: list[Warning_], out: Output
+    run: SinkRun, args: argparse.Namespace, warnings: list[Notice], out: Output
 ) -> None:
     fix_cmd = f"sqlsink recover --url '{out.shown_url}' --sink-id {run.sink_id}"
     if run.status == "refused":
         warnings.append(
-            Warning_(
+            Notice(
                 "warning",
                 run.message or "refused",
                 f"stop the query and run: {fix_cmd}; or, if the live session is stuck or dead, "
@@ -973,23 +975,21 @@ def _sink_warnings(
             )
         )
     elif run.status == "failed":
-        warnings.append(Warning_("error", run.message or "failed", None, run.sink_id))
+        warnings.append(Notice("error", run.message or "failed", None, run.sink_id))
     elif args.dry_run and run.to_do() and not run.lost:
         n = len(run.to_do())
         warnings.append(
-            Warning_(
-                "info", f"{n} prepared transaction(s) to finish", f"run: {fix_cmd}", run.sink_id
-            )
+            Notice("info", f"{n} prepared transaction(s) to finish", f"run: {fix_cmd}", run.sink_id)
         )
     if run.lost:
         warnings.append(
-            Warning_(
+            Notice(
                 "error",
                 run.message
                 if run.status == "data loss" and run.message
                 else _loss_message(run.lost),
-                "restore the rows of those batches from the source (see the README's 'data loss' "
-                "runbook); the decision stays incomplete so every recovery reports it again",
+                "see the README's 'data loss' runbook; the decision stays incomplete, so "
+                "status and recover report it until it is dealt with",
                 run.sink_id,
             )
         )
@@ -1004,20 +1004,19 @@ def _foreign_warnings(
     actions: list[dict[str, Any]],
     sink_id: str | None,
     me: st.RoleInfo,
-    warnings: list[Warning_],
-    out: Output,
+    warnings: list[Notice],
 ) -> None:
+    """The sink's gids in other databases: said, because they need a recover there."""
     elsewhere: dict[str, int] = {}
     for a in actions:
-        j = a["json"]
-        ours = j["sink_id"] is not None and (sink_id is None or j["sink_id"] == sink_id)
-        if ours and j["database"] != me.database:
-            elsewhere[j["database"]] = elsewhere.get(j["database"], 0) + 1
+        ours = a["sink_id"] is not None and (sink_id is None or a["sink_id"] == sink_id)
+        if ours and a["database"] != me.database:
+            elsewhere[a["database"]] = elsewhere.get(a["database"], 0) + 1
     for database, count in sorted(elsewhere.items()):
         level = "warning" if sink_id is not None else "info"
         who = f"sink {sink_id}" if sink_id else "sqlsink"
         warnings.append(
-            Warning_(
+            Notice(
                 level,
                 f"{count} prepared transaction(s) of {who} are in database {database}, not in "
                 f"{me.database}: left untouched (a prepared transaction can only be finished "
@@ -1033,7 +1032,7 @@ def _relate_checkpoint(
     checkpoint: Checkpoint,
     sink_id: str,
     bound: dict[str, st.SinkRow],
-    warnings: list[Warning_],
+    warnings: list[Notice],
 ) -> dict[str, Any]:
     known = set(checkpoint.offsets) | checkpoint.commits
     oldest = min(known) if known else 0
@@ -1059,10 +1058,10 @@ def _relate_checkpoint(
         checkpoint, states, undecided_prepared=undecided, first_decided=summary.first_decided
     )
     for problem in checkpoint.problems:
-        warnings.append(Warning_("warning", f"checkpoint: {problem}", None, sink_id))
+        warnings.append(Notice("warning", f"checkpoint: {problem}", None, sink_id))
     for r in relations:
         if r.level == "warning":
-            warnings.append(Warning_("warning", r.message, None, sink_id))
+            warnings.append(Notice("warning", r.message, None, sink_id))
     row = bound.get(sink_id)
     return {
         "path": str(checkpoint.path),
@@ -1072,24 +1071,13 @@ def _relate_checkpoint(
         "last_offsets_batch": checkpoint.last_offsets,
         "last_committed_batch": checkpoint.last_commit,
         "problems": list(checkpoint.problems),
-        "batches": [
-            {
-                "batch_id": r.batch_id,
-                "offsets": r.offsets,
-                "spark_committed": r.spark_committed,
-                "decision": r.decision,
-                "rows": r.rows,
-                "state": r.state,
-                "level": r.level,
-                "message": r.message,
-            }
-            for r in relations
-        ],
+        "batches": [asdict(r) for r in relations],
     }
 
 
-def _run_json(run: SinkRun) -> dict[str, Any]:
+def _run_json(run: SinkRun, actions: list[dict[str, Any]]) -> dict[str, Any]:
     report = run.report or ResolutionReport()
+    results = [a["result"] for a in actions if a["sink_id"] == run.sink_id]
     return {
         "sink_id": run.sink_id,
         "bound_query_id": run.bound_query,
@@ -1099,8 +1087,8 @@ def _run_json(run: SinkRun) -> dict[str, Any]:
         "sessions": [session_json(s) for s in run.sessions],
         "status": run.status,
         "message": run.message,
-        "committed": len(report.committed),
-        "rolled_back": len(report.rolled_back),
+        "committed": results.count("committed"),
+        "rolled_back": results.count("rolled back"),
         "already_committed": len(report.already_committed),
         "completed_batches": sorted(report.completed_batches),
     }
@@ -1133,8 +1121,8 @@ def _print_recover(
         live = "LIVE" if run.live else "not live"
         out.line(f"sink {run.sink_id}: {bound}; {live}; {run.status}")
     refused = {r.sink_id for r in runs if r.status in ("refused", "failed")}
-    acted = [a["json"] for a in actions if a["json"]["action"] != "leave"]
-    left = [a["json"] for a in actions if a["json"]["action"] == "leave"]
+    acted = [a for a in actions if a["action"] != "leave"]
+    left = [a for a in actions if a["action"] == "leave"]
     out.line()
     if acted:
         rows = [
@@ -1216,8 +1204,8 @@ def _print_checkpoint(out: Output, doc: dict[str, Any]) -> None:
 def _print_result(
     out: Output, runs: list[SinkRun], actions: list[dict[str, Any]], dry_run: bool, code: int
 ) -> None:
-    committed = sum(len(r.report.committed) for r in runs if r.report)
-    rolled = sum(len(r.report.rolled_back) for r in runs if r.report)
+    results = [a["result"] for a in actions]  # what was done, even when a sink then failed
+    committed, rolled = results.count("committed"), results.count("rolled back")
     already = sum(len(r.report.already_committed) for r in runs if r.report)
     completed = [
         f"{r.sink_id}: {', '.join(map(str, sorted(r.report.completed_batches)))}"
@@ -1225,7 +1213,7 @@ def _print_result(
         if r.report and r.report.completed_batches
     ]
     out.line()
-    kinds = [a["json"]["action"] for a in actions]
+    kinds = [a["action"] for a in actions]
     text = f"result: {committed} committed, {rolled} rolled back"
     if dry_run:
         text = (
@@ -1284,7 +1272,7 @@ def cmd_status(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> in
                 )
             names = {args.sink_id}
         sessions = st.sqlsink_sessions(conn)
-        warnings: list[Warning_] = []
+        warnings: list[Notice] = []
         lost_all: list[tuple[str, int, str]] = []
         statuses: list[SinkStatus] = []
         _header(out, "status", me, f", server time {format_time(now)}")
@@ -1319,7 +1307,7 @@ def cmd_status(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> in
         if old_others:
             oldest = max(old_others, key=lambda o: o["age_seconds"])
             warnings.append(
-                Warning_(
+                Notice(
                     "warning",
                     f"{len(old_others)} prepared transaction(s) in this database that are not a "
                     f"sink's are older than {format_age(args.max_age)} (oldest {oldest['gid']!r}, "
@@ -1375,7 +1363,7 @@ def _sink_status(
     sessions: list[st.Session],
     now: datetime,
     args: argparse.Namespace,
-    warnings: list[Warning_],
+    warnings: list[Notice],
     out: Output,
 ) -> SinkStatus:
     summary = st.batch_summary(conn, sink_id)
@@ -1414,7 +1402,7 @@ def _sink_status(
     if old:
         oldest = max(old, key=lambda p: p["age_seconds"])
         warnings.append(
-            Warning_(
+            Notice(
                 "warning",
                 f"{len(old)} prepared transaction(s) older than {format_age(args.max_age)} "
                 f"(oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
@@ -1434,7 +1422,7 @@ def _sink_status(
     if stale:
         batches = ", ".join(str(d.batch_id) for d in stale[:10])
         warnings.append(
-            Warning_(
+            Notice(
                 "warning",
                 f"{len(stale)} decided batch(es) not complete after {format_age(args.max_age)} "
                 f"(batch {batches}): some of their transactions are still prepared, or unverified",
@@ -1444,11 +1432,11 @@ def _sink_status(
         )
     if lost:
         warnings.append(
-            Warning_(
+            Notice(
                 "error",
                 _loss_message(lost),
-                "restore the rows of those batches from the source (see the README's 'data loss' "
-                "runbook)",
+                "see the README's 'data loss' runbook; the decision stays incomplete, so "
+                "status and recover report it until it is dealt with",
                 sink_id,
             )
         )

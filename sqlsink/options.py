@@ -8,11 +8,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
+
+
+class Mode(enum.Enum):
+    APPEND = "append"
+    UPSERT = "upsert"
 
 
 class Semantic(enum.Enum):
@@ -33,6 +39,8 @@ KNOWN = {
     "createtable": "createTable",
     "mode": "mode",
     "locktimeout": "lockTimeout",
+    "keycolumns": "keyColumns",
+    "deletecolumn": "deleteColumn",
 }
 # set by Spark itself, never by the user
 SPARK_OWNED = {"checkpointlocation", "path", "queryname"}
@@ -47,6 +55,18 @@ def parse_duration(name: str, text: str) -> float:
     if not match:
         raise ConfigError(f"option {name}: {text!r} is not a duration (e.g. '30s', '15min')")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _choice(name: str, text: str, kind: type[_E]) -> _E:
+    value = text.strip().lower()
+    for member in kind:
+        if member.value == value:
+            return member
+    choices = ", ".join(str(m.value) for m in kind)
+    raise ConfigError(f"option {name}: unknown value {value!r} (choose one of {choices})")
 
 
 def _parse_bool(name: str, text: str) -> bool:
@@ -67,6 +87,9 @@ class SinkOptions:
     create_table: bool = False
     lock_timeout_s: float = 60.0
     checkpoint: str | None = None
+    mode: Mode = Mode.APPEND
+    key_columns: tuple[str, ...] = ()  # upsert: () means the table's primary key
+    delete_column: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -82,17 +105,13 @@ class SinkOptions:
             table = TableName.parse(opts["table"])
         except ValueError as exc:
             raise ConfigError(f"option table: {exc}") from None
-        semantic_text = opts.get("semantic", "exactly_once").strip().lower()
-        try:
-            semantic = Semantic(semantic_text)
-        except ValueError:
-            choices = ", ".join(s.value for s in Semantic)
-            raise ConfigError(
-                f"option semantic: unknown value {semantic_text!r} (choose one of {choices})"
-            ) from None
-        mode = opts.get("mode", "append").strip().lower()
-        if mode != "append":
-            raise ConfigError(f"option mode: {mode!r} is not supported (supported: append)")
+        semantic = _choice("semantic", opts.get("semantic", "exactly_once"), Semantic)
+        mode = _choice("mode", opts.get("mode", "append"), Mode)
+        keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
+        delete_column = opts.get("deletecolumn", "").strip() or None
+        if mode is not Mode.UPSERT and (keys or delete_column):
+            given = "keyColumns" if keys else "deleteColumn"
+            raise ConfigError(f"option {given} needs mode=upsert (mode is {mode.value})")
         sink_id = opts.get("sinkid")
         return cls(
             url=opts["url"],
@@ -103,6 +122,9 @@ class SinkOptions:
             create_table=_parse_bool("createTable", opts.get("createtable", "false")),
             lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
             checkpoint=opts.get("checkpointlocation"),
+            mode=mode,
+            key_columns=keys,
+            delete_column=delete_column,
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger

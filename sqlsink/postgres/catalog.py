@@ -87,3 +87,23 @@ def table_columns(conn: Connection, table: TableName) -> list[TargetColumn]:
         TargetColumn(name, oid, type_name, not_null, has_default)
         for name, oid, type_name, not_null, has_default in rows
     ]
+
+
+_UNIQUE_KEYS = """
+SELECT i.indisprimary, array_agg(a.attname::text ORDER BY k.ord)
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE n.nspname = %s AND c.relname = %s
+  AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+GROUP BY i.indexrelid, i.indisprimary
+ORDER BY i.indisprimary DESC
+"""
+
+
+def unique_keys(conn: Connection, table: TableName) -> list[tuple[bool, tuple[str, ...]]]:
+    """(is primary key, columns) of each plain unique index, the primary key first."""
+    rows = conn.execute(_UNIQUE_KEYS, (table.schema, table.name)).fetchall()
+    return [(bool(primary), tuple(columns)) for primary, columns in rows]

@@ -24,6 +24,7 @@ def conninfo(url: str, password: str | None = None) -> str:
         raise ConfigError(f"invalid url {redact(url)!r}: {scrub(str(exc), url)}") from None
     if password is not None:
         params["password"] = password
+    params.setdefault("connect_timeout", "10")  # a dead host must not hang a task forever
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})  # type: ignore[arg-type]
 
 

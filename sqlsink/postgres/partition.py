@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -30,9 +32,11 @@ from sqlsink.core.resolution import Scope
 from sqlsink.errors import SqlsinkError, TransientError, WriteError
 from sqlsink.options import Semantic, SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.catalog import TableName, TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.target import TargetPlan
+from sqlsink.postgres.upsert import ORDINAL
 
 _STATE = """
 SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
@@ -127,11 +131,9 @@ def _load(
     gid: Gid | None,
     batches: Iterator[pa.RecordBatch],
 ) -> int:
-    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in target.columns)
-    copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        target.table.identifier(), columns
-    )
     counted = _Counter(batches)
+    upsert = target.upsert
+    staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
     try:
         conn.execute("BEGIN")
         conn.execute(
@@ -140,10 +142,13 @@ def _load(
         )
         if options.semantic is Semantic.NONE:
             conn.execute("SET LOCAL synchronous_commit = off")
-        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-            first = next(counted)
-            encoder = build_encoder(list(first.schema), list(target.columns))
-            write_batches(copy, encoder, itertools.chain([first], counted))
+        if upsert is not None and staging is not None:
+            conn.execute(upsert.create_staging(staging, target.columns))
+            _copy(conn, staging, upsert.staging_columns(target.columns), _numbered(counted))
+            for statement in upsert.apply(target.table, staging, target.columns):
+                conn.execute(statement)
+        else:
+            _copy(conn, target.table, target.columns, counted)
         if gid is None:
             conn.execute("COMMIT")
             return counted.rows
@@ -168,6 +173,29 @@ def _load(
     except SqlsinkError:
         _rollback_quietly(conn)
         raise
+
+
+def _copy(
+    conn: Connection,
+    table: TableName,
+    columns: Sequence[TargetColumn],
+    batches: Iterator[pa.RecordBatch],
+) -> None:
+    names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table.identifier(), names)
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        first = next(batches)
+        encoder = build_encoder(list(first.schema), list(columns))
+        write_batches(copy, encoder, itertools.chain([first], batches))
+
+
+def _numbered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Each batch with the ordinal column upsert needs (the last row of a key wins)."""
+    offset = 0
+    for batch in batches:
+        ordinal = pa.array(np.arange(offset, offset + batch.num_rows, dtype=np.int64))
+        offset += batch.num_rows
+        yield batch.append_column(ORDINAL, ordinal)
 
 
 class _Counter(Iterator[pa.RecordBatch]):

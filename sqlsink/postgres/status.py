@@ -600,10 +600,26 @@ _TIMEOUTS = (
 )
 
 
+def setting_fix(name: str, source: str, role: str, database: str, value: str) -> str:
+    """Where to change a setting, from pg_settings.source (for the sink's role: run as it)."""
+    if source == "client":
+        return f"drop {name} from the connection's options (PGOPTIONS, the URL's options=)"
+    if source == "user":
+        return f"ALTER ROLE {role} SET {name} = {value}"
+    if source == "database":
+        return f"ALTER DATABASE {database} SET {name} = {value}"
+    if source == "database user":
+        return f"ALTER ROLE {role} IN DATABASE {database} SET {name} = {value}"
+    return (
+        f"ALTER SYSTEM SET {name} = {value}; SELECT pg_reload_conf(); or, for the sink's "
+        f"role only, ALTER ROLE {role} SET {name} = {value}"
+    )
+
+
 def check_timeouts(conn: Connection, ctx: CheckContext) -> list[Finding]:
     """Timeouts that end a partition's transaction before it prepares (DESIGN.md 5)."""
     found = settings(conn, _TIMEOUTS)
-    role = role_info(conn).role
+    me = role_info(conn)
     interval = ctx.trigger_interval_s
     out: list[Finding] = []
     effects = {
@@ -639,7 +655,8 @@ def check_timeouts(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 setting.source,
                 f"{effect} ({scale}); the batch then fails and is retried; prepared "
                 "transactions are not affected",
-                f"ALTER ROLE {role} SET {name} = 0  (or longer than the longest batch)",
+                setting_fix(name, setting.source, me.role, me.database, "0")
+                + ", or longer than the longest batch",
             )
         )
     lock = found.get("lock_timeout")

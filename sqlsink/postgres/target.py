@@ -9,8 +9,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from sqlsink.errors import ConfigError
-from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns
+from sqlsink.options import Mode, SinkOptions
+from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns, unique_keys
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.upsert import BOOL_OID, UpsertPlan
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class TargetPlan:
 
     table: TableName
     columns: tuple[TargetColumn, ...]  # aligned with the DataFrame's fields
+    upsert: UpsertPlan | None = None
 
 
 def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column[object]]) -> None:
@@ -32,11 +35,15 @@ def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column
 
 def plan_target(
     conn: Connection,
-    table: TableName,
+    options: SinkOptions,
     field_names: Sequence[str],
     create_columns: Sequence[sa.Column[object]] | None,
 ) -> TargetPlan:
-    """Match the DataFrame's columns to the table's, creating the table if asked and missing."""
+    """Match the DataFrame's columns to the table's, creating the table if asked and missing.
+
+    Every problem is reported at once, in one error, before anything is written.
+    """
+    table = options.table
     columns = table_columns(conn, table)
     if not columns and create_columns is not None:
         create_table(conn, table, create_columns)
@@ -50,7 +57,11 @@ def plan_target(
     by_lower = {c.name.lower(): c for c in columns}
     matched: list[TargetColumn] = []
     problems: list[str] = []
+    delete_column = options.delete_column
     for name in field_names:
+        if delete_column is not None and name == delete_column:
+            matched.append(TargetColumn(name, BOOL_OID, "boolean", False, False))
+            continue
         column = by_name.get(name) or by_lower.get(name.lower())
         if column is None:
             problems.append(f"column {name!r} of the DataFrame is not in table {table}")
@@ -63,9 +74,41 @@ def plan_target(
                 f"column {column.name!r} of table {table} is NOT NULL without a default, "
                 "and the DataFrame has no such column"
             )
+    if delete_column is not None and delete_column not in field_names:
+        problems.append(f"deleteColumn {delete_column!r} is not a column of the DataFrame")
+    upsert = None
+    if options.mode is Mode.UPSERT:
+        upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
+        problems += more
     if problems:
         raise ConfigError(
             f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
             "select/rename the DataFrame's columns to the table's, or alter the table"
         )
-    return TargetPlan(table, tuple(matched))
+    return TargetPlan(table, tuple(matched), upsert)
+
+
+def _plan_upsert(
+    conn: Connection, options: SinkOptions, written: list[str]
+) -> tuple[UpsertPlan | None, list[str]]:
+    table = options.table
+    keys_found = unique_keys(conn, table)
+    keys = options.key_columns
+    if not keys:
+        primary = [cols for is_primary, cols in keys_found if is_primary]
+        if not primary:
+            return None, [
+                f"mode=upsert needs a key: table {table} has no primary key; set the option "
+                "keyColumns (with a unique index on those columns)"
+            ]
+        keys = primary[0]
+    problems = [
+        f"key column {k!r} is not among the DataFrame's columns" for k in keys if k not in written
+    ]
+    if not any(set(cols) == set(keys) for _, cols in keys_found):
+        wanted = ", ".join(keys)
+        problems.append(
+            f"no unique index of table {table} is on exactly ({wanted}), which upsert's "
+            f"ON CONFLICT needs: CREATE UNIQUE INDEX ON {table} ({wanted})"
+        )
+    return UpsertPlan(tuple(keys), options.delete_column), problems

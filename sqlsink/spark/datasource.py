@@ -66,7 +66,28 @@ def _plan_target(options: SinkOptions, schema: StructType) -> TargetPlan:
             require_prepared_transactions(conn)
         ensure_schema(conn)
         create = table_columns(schema) if options.create_table else None
-        return plan_target(conn, options.table, schema.fieldNames(), create)
+        target = plan_target(conn, options, schema.fieldNames(), create)
+    check_types(schema, target)
+    return target
+
+
+def check_types(schema: StructType, target: TargetPlan) -> None:
+    """Every column's Spark → PostgreSQL pair must be encodable: all problems in one error."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from sqlsink.postgres.encoding import build_encoder
+
+    arrow_schema = to_arrow_schema(schema)
+    problems = []
+    for field, column in zip(arrow_schema, target.columns, strict=True):
+        try:
+            build_encoder([field], [column])
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError(
+            f"the DataFrame's types do not fit table {target.table}: " + " | ".join(problems)
+        )
 
 
 class SqlsinkStreamWriter(DataSourceStreamArrowWriter):

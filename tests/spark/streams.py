@@ -34,15 +34,25 @@ def write_source(directory: Path, batches: Sequence[Iterable[int]]) -> None:
         tmp.rename(path)
 
 
+def write_records(directory: Path, batches: Sequence[Sequence[dict[str, Any]]]) -> None:
+    """Explicit records, one file per batch, in file order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, records in enumerate(batches):
+        path = directory / f"part-{number:05d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
 def start_query(
-    spark: Any, source: Path, checkpoint: Path, options: dict[str, str], partitions: int = 2
+    spark: Any,
+    source: Path,
+    checkpoint: Path,
+    options: dict[str, str],
+    partitions: int | None = 2,
+    schema: str = SCHEMA,
 ) -> Any:
-    events = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .repartition(partitions)  # round-robin: a replay may regroup rows (invariant 7)
-    )
+    events = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(source))
+    if partitions:  # round-robin: a replay may regroup rows (invariant 7)
+        events = events.repartition(partitions)
     writer = events.writeStream.format("sqlsink").option("checkpointLocation", str(checkpoint))
     for key, value in options.items():
         writer = writer.option(key, value)
@@ -50,10 +60,15 @@ def start_query(
 
 
 def run_query(
-    spark: Any, source: Path, checkpoint: Path, options: dict[str, str], partitions: int = 2
+    spark: Any,
+    source: Path,
+    checkpoint: Path,
+    options: dict[str, str],
+    partitions: int | None = 2,
+    schema: str = SCHEMA,
 ) -> None:
     """Run until the source is drained; raise the query's error if it failed."""
-    query = start_query(spark, source, checkpoint, options, partitions)
+    query = start_query(spark, source, checkpoint, options, partitions, schema)
     query.awaitTermination()
     if query.exception() is not None:
         raise query.exception()
