@@ -20,11 +20,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 from sqlsink.core.model import PartitionOutcome
@@ -46,6 +52,18 @@ class SqlsinkDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "sqlsink"
+
+    def writer(self, schema: StructType, overwrite: bool) -> SqlsinkBatchWriter:
+        if overwrite:
+            raise ConfigError(
+                "sqlsink does not overwrite: use mode('append') (the options mode=append or "
+                "mode=upsert say how rows are written), and truncate the table first if needed"
+            )
+        options = SinkOptions.parse(dict(self.options))
+        target = _plan_target(options, schema)
+        run_id = uuid.uuid4().hex
+        sink_id = options.sink_id or f"load-{run_id[:16]}"
+        return SqlsinkBatchWriter(options, target, sink_id, run_id, one_off=not options.sink_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         options = SinkOptions.parse(dict(self.options))
@@ -90,13 +108,17 @@ def check_types(schema: StructType, target: TargetPlan) -> None:
         )
 
 
-class SqlsinkStreamWriter(DataSourceStreamArrowWriter):
+class _SinkWriter:
+    """What the stream and the batch writer share: the partition write and the commit."""
+
     def __init__(self, options: SinkOptions, target: TargetPlan, sink_id: str | None) -> None:
         self.options = options
         self.target = target
         self.sink_id = sink_id
 
-    def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
+    def _write(
+        self, iterator: Iterator[Any], batch_id: int, run_id: str, query_id: str | None
+    ) -> SqlsinkCommitMessage:
         from pyspark import TaskContext
 
         from sqlsink.postgres.partition import TaskIdentity, write_partition
@@ -104,52 +126,100 @@ class SqlsinkStreamWriter(DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         if ctx is None:
             raise ConfigError("sqlsink: write() called outside a Spark task")
-        query_id = ctx.getLocalProperty("sql.streaming.queryId")
         sink_id = self.sink_id or query_id
         if sink_id is None:
             raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
         task = TaskIdentity(
             sink_id=sink_id,
-            batch_id=int(ctx.getLocalProperty("streaming.sql.batchId") or 0),
+            batch_id=batch_id,
             partition_id=ctx.partitionId(),
-            run_id=ctx.getLocalProperty("spark.jobGroup.id") or "norun",
+            run_id=run_id,
             attempt_id=ctx.taskAttemptId(),
             attempt_number=ctx.attemptNumber(),
             query_id=query_id,
         )
         return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+    def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
-            return  # no task wrote anything, and no sink id to look up: nothing to decide
-        with self._committer(sink_id) as committer:
+            return None  # no task wrote anything, and no sink id to look up: nothing to decide
+        with _CommitterSession(self.options, sink_id) as committer:
             committer.commit_batch(
-                batchId,
+                batch_id,
                 outcomes,
                 query_id=next((o.query_id for o in outcomes if o and o.query_id), None),
                 run_id=next((o.run_id for o in outcomes if o and o.run_id), None),
             )
+        return sink_id
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+    def _abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
             log.warning(
                 "sqlsink: batch %d aborted before any task reported; recovery at the "
                 "next start resolves what it prepared",
-                batchId,
+                batch_id,
             )
             return
-        with self._committer(sink_id) as committer:
-            committer.abort_batch(batchId, outcomes, run_id=None)
+        with _CommitterSession(self.options, sink_id) as committer:
+            committer.abort_batch(batch_id, outcomes, run_id=None)
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
 
-    def _committer(self, sink_id: str) -> _CommitterSession:
-        return _CommitterSession(self.options, sink_id)
+
+class SqlsinkStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise ConfigError("sqlsink: write() called outside a Spark task")
+        return self._write(
+            iterator,
+            batch_id=int(ctx.getLocalProperty("streaming.sql.batchId") or 0),
+            run_id=ctx.getLocalProperty("spark.jobGroup.id") or "norun",
+            query_id=ctx.getLocalProperty("sql.streaming.queryId"),
+        )
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._abort(messages, batchId)
+
+
+class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
+    """``df.write.format("sqlsink")``: every partition or none, like one streaming batch.
+
+    Without a sinkId the write is a one-off (its log is removed once committed);
+    with one, it is idempotent: running the same load again writes nothing.
+    """
+
+    def __init__(
+        self, options: SinkOptions, target: TargetPlan, sink_id: str, run_id: str, one_off: bool
+    ) -> None:
+        super().__init__(options, target, sink_id)
+        self.run_id = run_id
+        self.one_off = one_off
+
+    def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
+        return self._write(iterator, batch_id=0, run_id=self.run_id, query_id=None)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        sink_id = self._commit(messages, 0)
+        if sink_id is not None and self.one_off:
+            from sqlsink.postgres.connection import connect
+
+            with connect(self.options.url, self.options.password, application_name="sqlsink") as c:
+                c.execute("DELETE FROM sqlsink.markers WHERE sink_id = %s", (sink_id,))
+                c.execute("DELETE FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._abort(messages, 0)
 
 
 class _CommitterSession:
