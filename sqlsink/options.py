@@ -6,11 +6,12 @@ import enum
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
+from sqlsink.core.committer import TimeoutPolicy
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
@@ -41,6 +42,9 @@ KNOWN = {
     "locktimeout": "lockTimeout",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
+    "transactiontimeout": "transactionTimeout",
+    "transactiontimeoutwarningratio": "transactionTimeoutWarningRatio",
+    "ignorecommitfailuresaftertransactiontimeout": "ignoreCommitFailuresAfterTransactionTimeout",
 }
 # set by Spark itself, never by the user
 SPARK_OWNED = {"checkpointlocation", "path", "queryname"}
@@ -90,6 +94,7 @@ class SinkOptions:
     mode: Mode = Mode.APPEND
     key_columns: tuple[str, ...] = ()  # upsert: () means the table's primary key
     delete_column: str | None = None
+    timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -113,6 +118,27 @@ class SinkOptions:
             given = "keyColumns" if keys else "deleteColumn"
             raise ConfigError(f"option {given} needs mode=upsert (mode is {mode.value})")
         sink_id = opts.get("sinkid")
+        timeout = opts.get("transactiontimeout")
+        ratio = opts.get("transactiontimeoutwarningratio", "0.8")
+        try:
+            ratio_value = float(ratio)
+        except ValueError:
+            ratio_value = -1.0
+        if not 0 < ratio_value <= 1:
+            raise ConfigError(
+                f"option transactionTimeoutWarningRatio: {ratio!r} is not a number in (0, 1]"
+            )
+        ignore = _parse_bool(
+            "ignoreCommitFailuresAfterTransactionTimeout",
+            opts.get("ignorecommitfailuresaftertransactiontimeout", "false"),
+        )
+        if ignore and not timeout:
+            raise ConfigError(
+                "option ignoreCommitFailuresAfterTransactionTimeout needs transactionTimeout"
+            )
+        timeouts = TimeoutPolicy(
+            parse_duration("transactionTimeout", timeout) if timeout else None, ratio_value, ignore
+        )
         return cls(
             url=opts["url"],
             table=table,
@@ -125,6 +151,7 @@ class SinkOptions:
             mode=mode,
             key_columns=keys,
             delete_column=delete_column,
+            timeouts=timeouts,
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.faults import crash_point
@@ -38,12 +39,33 @@ from sqlsink.errors import CommitError, DataLossError, SinkBindingError
 log = logging.getLogger("sqlsink")
 
 
+@dataclass(frozen=True)
+class TimeoutPolicy:
+    """Flink's transaction-timeout options (transactionTimeout, ...WarningRatio, ignore...)."""
+
+    timeout_s: float | None = None
+    warning_ratio: float = 0.8
+    ignore_commit_failures_after_timeout: bool = False
+
+    def warning_after_s(self) -> float | None:
+        return None if self.timeout_s is None else self.timeout_s * self.warning_ratio
+
+
 class Committer:
     """The protocol's driver side for one sink (or, for recovery, all sinks: ``sink_id=None``)."""
 
-    def __init__(self, backend: TwoPhaseBackend, sink_id: str | None) -> None:
+    def __init__(
+        self,
+        backend: TwoPhaseBackend,
+        sink_id: str | None,
+        *,
+        timeouts: TimeoutPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.backend = backend
         self.sink_id = sink_id
+        self.timeouts = timeouts or TimeoutPolicy()
+        self.clock = clock  # injectable: tests move time, not sleep
 
     # -- binding (invariant 8) ---------------------------------------------------------
 
@@ -84,6 +106,9 @@ class Committer:
             scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
             report = self._resolve(scope, dry_run=False)[1]
             crash_point("after_commit", batch_id)
+        self._warn_old(
+            (o.gid, o.started_at) for o in outcomes if o is not None and o.gid in report.committed
+        )
         rows = sum(o.rows for o in outcomes if o is not None and not o.skipped)
         log.info(
             "sqlsink %s: batch %d committed: %d partitions, %d rows, decided in %.1f ms, "
@@ -207,10 +232,60 @@ class Committer:
             elif action.action is Action.ROLLBACK and self.backend.rollback_prepared(gid):
                 report.rolled_back.append(gid)
         self._verify(to_verify, report)
-        self._complete(decisions, report)
-        if report.lost:
+        self._warn_old(
+            (a.prepared.gid, a.prepared.prepared_at.timestamp())
+            for a in plan.actions
+            if a.prepared.gid in report.committed
+        )
+        forgiven = self._forgive_after_timeout(report.lost, decisions)
+        self._complete(decisions, report, forgiven)
+        if set(report.lost) - forgiven:
             raise data_loss_error(report.lost)
         return plan, report
+
+    def _warn_old(self, opened: Iterable[tuple[str | None, float]]) -> None:
+        """Flink's "transaction timeout almost reached" warning, from first write to commit."""
+        limit = self.timeouts.warning_after_s()
+        if limit is None:
+            return
+        now = self.clock()
+        for gid, since in opened:
+            if gid is not None and now - since > limit:
+                log.warning(
+                    "sqlsink %s: transaction %s was open %.1f s before COMMIT PREPARED, over "
+                    "%.0f%% of transactionTimeout (%.1f s): a longer delay may let the server "
+                    "end it (idle/statement/transaction timeouts) and lose the batch",
+                    self.sink_id,
+                    gid,
+                    now - since,
+                    self.timeouts.warning_ratio * 100,
+                    self.timeouts.timeout_s,
+                )
+
+    def _forgive_after_timeout(
+        self, lost: list[tuple[int, str]], decisions: dict[tuple[str, int], Decision]
+    ) -> set[tuple[int, str]]:
+        """ignoreCommitFailuresAfterTransactionTimeout: skip (loudly) what is lost for good."""
+        timeout = self.timeouts.timeout_s
+        if not (self.timeouts.ignore_commit_failures_after_timeout and timeout and lost):
+            return set()
+        now, forgiven = self.clock(), set()
+        for batch_id, gid in lost:
+            parsed = Gid.parse(gid)
+            decision = decisions.get((parsed.sink_id, batch_id)) if parsed else None
+            if decision is not None and now - decision.decided_at.timestamp() > timeout:
+                forgiven.add((batch_id, gid))
+                log.error(
+                    "sqlsink %s: probable data loss: batch %d transaction %s was decided %.0f s "
+                    "ago (over transactionTimeout %.0f s) and is gone without its marker; "
+                    "skipped because ignoreCommitFailuresAfterTransactionTimeout is on",
+                    self.sink_id,
+                    batch_id,
+                    gid,
+                    now - decision.decided_at.timestamp(),
+                    timeout,
+                )
+        return forgiven
 
     def _verify(self, to_verify: list[tuple[int, str]], report: ResolutionReport) -> None:
         if not to_verify:
@@ -223,10 +298,13 @@ class Committer:
                 report.lost.append((batch_id, gid))
 
     def _complete(
-        self, decisions: dict[tuple[str, int], Decision], report: ResolutionReport
+        self,
+        decisions: dict[tuple[str, int], Decision],
+        report: ResolutionReport,
+        forgiven: set[tuple[int, str]],
     ) -> None:
-        done = set(report.committed) | set(report.already_committed)
-        lost = {gid for _, gid in report.lost}
+        done = set(report.committed) | set(report.already_committed) | {g for _, g in forgiven}
+        lost = {gid for _, gid in report.lost} - done
         by_sink: dict[str, list[int]] = {}
         for (sink_id, batch_id), decision in decisions.items():
             if decision.complete or decision.gids & lost or not decision.gids <= done:

@@ -81,7 +81,7 @@ def write_partition(
     started = time.time()
     conn = connect(options.url, options.password, application_name=f"sqlsink {task.where()}")
     try:
-        if _already_decided(conn, task):
+        if _already_decided(conn, task, options):
             for _ in rows_iter:  # Spark expects the iterator consumed
                 pass
             return _outcome(task, None, 0, skipped=True, started=started)
@@ -109,7 +109,7 @@ def _state(conn: Connection, task: TaskIdentity) -> tuple[bool, str | None, bool
     return bool(decided), bound_query, bool(has_batches), list(prepared)
 
 
-def _already_decided(conn: Connection, task: TaskIdentity) -> bool:
+def _already_decided(conn: Connection, task: TaskIdentity, options: SinkOptions) -> bool:
     """Replay check, binding check (invariant 8), and the leftovers of dead runs."""
     decided, bound_query, has_batches, prepared = _state(conn, task)
     if task.query_id is not None and bound_query not in (None, task.query_id) and has_batches:
@@ -118,7 +118,8 @@ def _already_decided(conn: Connection, task: TaskIdentity) -> bool:
         return True
     scope = Scope.live(task.run_id, task.batch_id)
     if any(g is not None and not scope.in_flight(g) for g in map(Gid.parse, prepared)):
-        Committer(PostgresBackend(conn), task.sink_id).resolve_leftovers(task.run_id, task.batch_id)
+        committer = Committer(PostgresBackend(conn), task.sink_id, timeouts=options.timeouts)
+        committer.resolve_leftovers(task.run_id, task.batch_id)
         return _state(conn, task)[0]  # resolution may have completed this very batch
     return False
 

@@ -95,7 +95,8 @@ def check_types(schema: StructType, target: TargetPlan) -> None:
 
     from sqlsink.postgres.encoding import build_encoder
 
-    arrow_schema = to_arrow_schema(schema)
+    # the zone only labels timestamps here; which one does not change what can be encoded
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
     problems = []
     for field, column in zip(arrow_schema, target.columns, strict=True):
         try:
@@ -239,7 +240,7 @@ class _CommitterSession:
             self.options.password,
             application_name=f"sqlsink {self.sink_id} commit",
         )
-        return Committer(PostgresBackend(self.conn), self.sink_id)
+        return Committer(PostgresBackend(self.conn), self.sink_id, timeouts=self.options.timeouts)
 
     def __exit__(self, *exc: object) -> None:
         self.conn.close()

@@ -1,0 +1,649 @@
+"""Server-settings checks: the rules without a server, then against real PostgreSQL.
+
+Every level a value can come from is set for real (server-wide in a server of the
+test's own, per database in a database of the module's own, per role, per role in a
+database) and the finding must name the value, its source and the statement that
+fixes it there; then the test runs that very statement and checks that it fixed it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink.errors import ConfigError
+from sqlsink.postgres import checks
+from sqlsink.postgres.checks import (
+    ERROR,
+    OK,
+    WARNING,
+    Finding,
+    ServerSettings,
+    Setting,
+    analyse,
+    check_at_start,
+    check_server,
+    describe_source,
+    fix_statement,
+    format_seconds,
+    log_findings,
+    quote_ident,
+    read_settings,
+    recommended,
+    require_prepared_transactions,
+)
+from sqlsink.postgres.embedded import EmbeddedPostgres
+from tests.fix_pg import PgServer
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+CONF = "configuration file"
+
+
+# -- the rules, without a server ----------------------------------------------------------
+
+
+def setting(
+    name: str, value: str, setting: str, unit: str | None = "ms", source: str = CONF
+) -> Setting:
+    sourcefile = "/data/postgresql.conf" if source == CONF else None
+    return Setting(name, value, setting, unit, source, sourcefile)
+
+
+def server(*values: Setting, version: int = 160004, in_use: int = 0) -> ServerSettings:
+    """A healthy PostgreSQL 16 server, with ``values`` replacing its settings."""
+    base = {
+        "max_prepared_transactions": setting("max_prepared_transactions", "64", "64", None),
+        **{
+            name: setting(name, "0", "0", source="default")
+            for name in checks.TIMEOUTS
+            if name != "transaction_timeout" or version >= 170000
+        },
+    }
+    base.update({s.name: s for s in values})
+    return ServerSettings("app", "shop", version, base, prepared_in_use=in_use)
+
+
+def timeout(name: str, seconds: float, source: str = CONF) -> Setting:
+    return setting(name, format_seconds(seconds), str(int(seconds * 1000)), "ms", source)
+
+
+def judge(
+    settings: ServerSettings,
+    *,
+    trigger: float | None = None,
+    partitions: int | None = None,
+    slowest: float | None = None,
+    **kwargs: Any,
+) -> dict[str, Finding]:
+    found = analyse(
+        settings,
+        trigger_interval_s=trigger,
+        partitions=partitions,
+        slowest_write_s=slowest,
+        **kwargs,
+    )
+    by_name = {f.setting: f for f in found}
+    assert len(by_name) == len(found), "one finding per setting"
+    return by_name
+
+
+def test_a_healthy_server_has_only_ok_findings() -> None:
+    found = judge(server())
+    assert set(found) == {
+        "max_prepared_transactions",
+        "statement_timeout",
+        "idle_in_transaction_session_timeout",
+        "lock_timeout",
+        "idle_session_timeout",
+    }
+    assert {f.level for f in found.values()} == {OK}
+    assert all(f.fix is None and f.message for f in found.values())
+    assert found["statement_timeout"].source == "default"
+
+
+@pytest.mark.parametrize(
+    ("partitions", "slots", "in_use", "level", "needed"),
+    [
+        (None, 0, 0, ERROR, 64),
+        (10, 0, 0, ERROR, 64),
+        (100, 0, 0, ERROR, 200),
+        (100, 64, 0, ERROR, 200),  # fewer than the partitions: no batch can ever commit
+        (40, 64, 0, WARNING, 80),  # fewer than 2 x partitions
+        (40, 80, 0, OK, None),
+        (None, 1, 0, OK, None),  # unknown partitions: any slot is enough to say
+        (40, 80, 50, WARNING, None),  # enough slots, but leftovers hold them
+    ],
+)
+def test_prepared_transaction_slots(
+    partitions: int | None, slots: int, in_use: int, level: str, needed: int | None
+) -> None:
+    mpt = setting("max_prepared_transactions", str(slots), str(slots), None)
+    found = judge(server(mpt, in_use=in_use), partitions=partitions)["max_prepared_transactions"]
+    assert (found.level, found.value, found.source) == (
+        level,
+        str(slots),
+        "server (postgresql.conf)",
+    )
+    if slots == 0:
+        assert found.message.startswith(
+            "prepared transactions are disabled on this server: set max_prepared_transactions "
+            f"to at least {needed} and restart"
+        )
+    if needed is not None:
+        assert (
+            found.fix
+            == f"ALTER SYSTEM SET max_prepared_transactions = {needed}; -- then restart PostgreSQL"
+        )
+        assert str(needed) in found.message
+    if in_use:
+        assert "only 30 of 80" in found.message and "sqlsink recover" in (found.fix or "")
+
+
+def test_prepared_transactions_not_needed_without_exactly_once() -> None:
+    mpt = setting("max_prepared_transactions", "0", "0", None, source="default")
+    found = judge(server(mpt), exactly_once=False)["max_prepared_transactions"]
+    assert found.level == OK and "semantic=exactly_once" in found.message
+    found = judge(server(mpt))["max_prepared_transactions"]
+    assert found.level == ERROR and found.source == "default"
+
+
+def test_max_prepared_transactions_on_the_command_line_needs_a_restart_with_it() -> None:
+    mpt = setting("max_prepared_transactions", "0", "0", None, source="command line")
+    found = judge(server(mpt))["max_prepared_transactions"]
+    assert found.source == "server (command line)"
+    assert found.fix is not None and "-c max_prepared_transactions=64" in found.fix
+
+
+@pytest.mark.parametrize(
+    ("trigger", "slowest", "factor", "required"),
+    [
+        (None, None, 3.0, 600.0),  # the conservative floor
+        (0.0, None, 3.0, 600.0),  # trigger 0 (as fast as possible) says nothing
+        (10.0, None, 3.0, 10.0),
+        (None, 12.0, 3.0, 36.0),
+        (10.0, 12.0, 3.0, 36.0),
+        (60.0, 12.0, 3.0, 60.0),
+        (10.0, 12.0, 2.0, 24.0),
+        (0.0, 5.0, 3.0, 15.0),
+    ],
+)
+@pytest.mark.parametrize(
+    "name", ["statement_timeout", "idle_in_transaction_session_timeout", "transaction_timeout"]
+)
+def test_transaction_timeouts_against_the_required_time(
+    name: str, trigger: float | None, slowest: float | None, factor: float, required: float
+) -> None:
+    def verdict(seconds: float) -> Finding:
+        settings = server(timeout(name, seconds), version=170002)
+        found = judge(settings, trigger=trigger, slowest=slowest, safety_factor=factor)
+        return found[name]
+
+    below, at = verdict(required - 0.001), verdict(required)
+    assert at.level == OK and at.fix is None
+    assert below.level == WARNING
+    assert f"is shorter than {_compared(trigger, slowest, factor)}" in below.message
+    assert below.fix == (
+        f"ALTER SYSTEM SET {name} = {recommended(required)}; SELECT pg_reload_conf();"
+    )
+    assert "ALTER ROLE app SET" in below.message  # the narrower alternative
+    assert verdict(0).level == OK
+
+
+def _compared(trigger: float | None, slowest: float | None, factor: float) -> str:
+    if not trigger and slowest is None:
+        return "the conservative floor of 10min"
+    if not trigger:
+        return f"{factor:g} x the slowest partition write"
+    if slowest is None:
+        return f"the trigger interval ({format_seconds(trigger)})"
+    return f"the longer of the trigger interval ({format_seconds(trigger)}) and {factor:g} x"
+
+
+def test_the_brief_example_a_30s_idle_timeout_and_a_10s_trigger() -> None:
+    settings = server(timeout("idle_in_transaction_session_timeout", 30))
+    name = "idle_in_transaction_session_timeout"
+    assert judge(settings, trigger=10)[name].level == OK
+    assert judge(settings, trigger=10, slowest=9)[name].level == OK  # 27s
+    slow = judge(settings, trigger=10, slowest=12)[name]  # 36s
+    assert slow.level == WARNING
+    assert "3 x the slowest partition write (3 x 12s = 36s), i.e. 36s" in slow.message
+    assert slow.fix == (
+        "ALTER SYSTEM SET idle_in_transaction_session_timeout = '1min'; SELECT pg_reload_conf();"
+    )
+    assert judge(settings)[name].level == WARNING  # nothing known: below the 10min floor
+
+
+def test_transaction_timeout_only_from_postgresql_17() -> None:
+    tt = timeout("transaction_timeout", 5)
+    assert "transaction_timeout" not in judge(server(tt, version=160004))
+    found = judge(server(tt, version=170000))["transaction_timeout"]
+    assert found.level == WARNING and "PREPARE TRANSACTION" in found.message
+
+
+@pytest.mark.parametrize(
+    ("seconds", "level"), [(0, OK), (1, WARNING), (9.999, WARNING), (10, OK), (120, OK)]
+)
+def test_lock_timeout_is_overridden_inside_the_sinks_transactions(
+    seconds: float, level: str
+) -> None:
+    found = judge(server(timeout("lock_timeout", seconds, source="user")))["lock_timeout"]
+    assert found.level == level
+    assert "option lockTimeout" in found.message
+    if level == WARNING:
+        assert "pg_advisory_lock" in found.message
+        assert found.fix == "ALTER ROLE app SET lock_timeout = '1min'"
+        assert found.source == "role app"
+
+
+def test_idle_session_timeout_against_the_trigger_interval() -> None:
+    def verdict(seconds: float, trigger: float | None) -> Finding:
+        return judge(server(timeout("idle_session_timeout", seconds)), trigger=trigger)[
+            "idle_session_timeout"
+        ]
+
+    short = verdict(60, 120)
+    assert short.level == WARNING and "the trigger interval (2min)" in short.message
+    assert short.fix == "ALTER SYSTEM SET idle_session_timeout = '5min'; SELECT pg_reload_conf();"
+    assert verdict(120, 120).level == OK
+    assert verdict(60, 30).level == OK
+    unknown = verdict(300, None)
+    assert unknown.level == WARNING and "floor of 10min" in unknown.message
+    assert unknown.fix is not None and "'15min'" in unknown.fix
+    assert verdict(600, None).level == OK
+    # the slowest write has nothing to do with an idle session
+    found = analyse(
+        server(timeout("idle_session_timeout", 60)),
+        trigger_interval_s=30,
+        partitions=None,
+        slowest_write_s=1000,
+    )
+    assert {f.setting: f.level for f in found}["idle_session_timeout"] == OK
+
+
+SOURCES = [
+    # pg_settings.source, the words, the fix for statement_timeout = '15min'
+    (
+        "default",
+        "default",
+        "ALTER SYSTEM SET statement_timeout = '15min'; SELECT pg_reload_conf();",
+    ),
+    (
+        CONF,
+        "server (postgresql.conf)",
+        "ALTER SYSTEM SET statement_timeout = '15min'; SELECT pg_reload_conf();",
+    ),
+    ("command line", "server (command line)", "ALTER ROLE \"App\" SET statement_timeout = '15min'"),
+    ("global", "all roles (ALTER ROLE ALL)", "ALTER ROLE ALL SET statement_timeout = '15min'"),
+    ("database", "database my shop", "ALTER DATABASE \"my shop\" SET statement_timeout = '15min'"),
+    ("user", "role App", "ALTER ROLE \"App\" SET statement_timeout = '15min'"),
+    (
+        "database user",
+        "role App in database my shop",
+        'ALTER ROLE "App" IN DATABASE "my shop" SET statement_timeout = \'15min\'',
+    ),
+    ("session", "session", "SET statement_timeout = '15min'"),
+    ("client", "connection options (PGOPTIONS or options= in the URL)", None),
+]
+
+
+@pytest.mark.parametrize(("source", "words", "fix"), SOURCES)
+def test_sources_and_fixes(source: str, words: str, fix: str | None) -> None:
+    settings = ServerSettings("App", "my shop", 160004, {})
+    s = timeout("statement_timeout", 5, source=source)
+    assert describe_source(s, settings) == words
+    statement = fix_statement(s, "'15min'", settings)
+    if fix is None:
+        assert "options=" in statement and "-c statement_timeout=15min" in statement
+    else:
+        assert statement == fix
+
+
+def test_configuration_file_without_its_name() -> None:
+    s = Setting("statement_timeout", "5s", "5000", "ms", CONF, None)  # not a superuser
+    assert describe_source(s, server()) == "server (configuration file)"
+
+
+@pytest.mark.parametrize(
+    ("name", "sql_text"),
+    [
+        ("app", "app"),
+        ("app_2$", "app_2$"),
+        ("App", '"App"'),
+        ("user", '"user"'),
+        ("select", '"select"'),
+        ("my-db", '"my-db"'),
+        ("1st", '"1st"'),
+        ('we"ird', '"we""ird"'),
+        ("", '""'),
+    ],
+)
+def test_quote_ident(name: str, sql_text: str) -> None:
+    assert quote_ident(name) == sql_text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "literal"),
+    [
+        (0.5, "'1min'"),
+        (60, "'1min'"),
+        (61, "'5min'"),
+        (600, "'15min'"),
+        (3600, "'1h'"),
+        (86401, "'25h'"),
+    ],
+)
+def test_recommended_values(seconds: float, literal: str) -> None:
+    assert recommended(seconds) == literal
+    assert recommended(10**7) == "0"  # beyond what the int-millisecond setting holds: off
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.5, "500ms"),
+        (1, "1s"),
+        (36, "36s"),
+        (90, "90s"),
+        (600, "10min"),
+        (7200, "2h"),
+        (86400, "1d"),
+    ],
+)
+def test_format_seconds(seconds: float, text: str) -> None:
+    assert format_seconds(seconds) == text
+
+
+# -- logging once per verdict -------------------------------------------------------------
+
+
+def _finding(level: str, value: str = "5s", setting: str = "statement_timeout") -> Finding:
+    return Finding(level, setting, value, "role app", f"{setting} is {value}", "ALTER ROLE ...")
+
+
+def test_log_findings_logs_once_then_only_on_change(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sqlsink")
+    state: dict[str, checks.Verdict] = {}
+    ok = _finding(OK, "0", "lock_timeout")
+    first = [_finding(WARNING), ok, _finding(ERROR, "0", "max_prepared_transactions")]
+
+    def logged(findings: list[Finding], key: str = "q1") -> list[tuple[int, str]]:
+        caplog.clear()
+        log_findings(findings, key, state=state)
+        return [(r.levelno, r.getMessage()) for r in caplog.records]
+
+    records = logged(first)
+    assert [level for level, _ in records] == [logging.WARNING, logging.ERROR]
+    assert (
+        "statement_timeout = 5s (role app)" in records[0][1] and "fix: ALTER ROLE" in records[0][1]
+    )
+    assert all("q1" in text for _, text in records)
+    assert logged(first) == []  # the same verdict: silence
+    assert logged(list(reversed(first))) == []  # order does not matter
+    assert logged([*first, _finding(OK, "1s", "idle_session_timeout")]) == []  # ok: not a verdict
+    assert len(logged(first, key="q2")) == 2  # another query has its own
+    changed = logged([_finding(WARNING, "6s"), first[2]])
+    assert len(changed) == 2 and "statement_timeout = 6s" in changed[0][1]
+    fixed = logged([ok])
+    assert [level for level, _ in fixed] == [logging.INFO] and "now fine" in fixed[0][1]
+    assert logged([ok]) == []
+    assert set(state) == {"q1", "q2"}
+
+
+def test_log_findings_of_a_healthy_server_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="sqlsink")
+    state: dict[str, checks.Verdict] = {}
+    assert not log_findings([_finding(OK)], "q", state=state)
+    assert caplog.records == [] and state == {"q": frozenset()}
+
+
+def test_log_findings_default_state_and_logger(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sqlsink")
+    key = f"default-{uuid.uuid4().hex}"
+    assert log_findings([_finding(WARNING)], key)
+    assert not log_findings([_finding(WARNING)], key)
+    assert [r.name for r in caplog.records] == ["sqlsink"]
+    mine = logging.getLogger("tests.checks")
+    assert log_findings([_finding(WARNING)], key, logger=mine, state={})
+    assert caplog.records[-1].name == "tests.checks"
+
+
+# -- against PostgreSQL -------------------------------------------------------------------
+
+
+def _connect(
+    server: PgServer, *, user: str | None = None, dbname: str | None = None, **kw: Any
+) -> Conn:
+    params = {k: v for k, v in {"user": user, "dbname": dbname}.items() if v is not None}
+    return psycopg.connect(
+        psycopg.conninfo.make_conninfo(server.admin_url, **params), autocommit=True, **kw
+    )
+
+
+def _admin(server: PgServer, statement: str | sql.Composed, dbname: str | None = None) -> None:
+    with _connect(server, dbname=dbname) as conn:
+        conn.execute(statement)
+
+
+def _run_fix(server: PgServer, fix: str | None) -> None:
+    """Run a finding's fix as a superuser, one statement at a time (as psql would)."""
+    assert fix is not None
+    for statement in fix.split(";"):
+        statement = statement.split("--")[0].strip()
+        if statement:
+            _admin(server, statement)
+
+
+def _check(
+    server: PgServer, *, user: str | None = None, dbname: str | None = None, **kw: Any
+) -> dict[str, Finding]:
+    with _connect(server, user=user, dbname=dbname) as conn:
+        return {f.setting: f for f in check_server(conn, **kw)}
+
+
+@pytest.fixture(scope="module")
+def database(pg_server: PgServer) -> Iterator[str]:
+    """A database of the module's own: per-database settings must reach no other test."""
+    name = f"checks_{uuid.uuid4().hex[:8]}"
+    _admin(pg_server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield name
+    _admin(pg_server, sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db(pg_server: PgServer, database: str) -> Iterator[str]:
+    yield database
+    _admin(pg_server, sql.SQL("ALTER DATABASE {} RESET ALL").format(sql.Identifier(database)))
+
+
+@pytest.fixture
+def role(pg_server: PgServer) -> Iterator[str]:
+    """A login role whose name needs quoting; DROP ROLE drops its settings too."""
+    name = f"Sink Role {uuid.uuid4().hex[:6]}"
+    _admin(pg_server, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    yield name
+    _admin(pg_server, sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_a_healthy_server(pg_server: PgServer, pg_conn: Conn) -> None:
+    findings = check_server(pg_conn, trigger_interval_s=10, partitions=8, slowest_write_s=2)
+    assert [f for f in findings if f.level != OK] == []
+    names = {f.setting for f in findings}
+    version = read_settings(pg_conn).server_version_num
+    assert ("transaction_timeout" in names) == (version >= 170000)
+    assert {"max_prepared_transactions", "statement_timeout", "lock_timeout"} <= names
+    require_prepared_transactions(pg_conn)
+    require_prepared_transactions(pg_conn, partitions=8)
+    slots = int(next(f.value for f in findings if f.setting == "max_prepared_transactions"))
+    with pytest.raises(ConfigError, match=f"fewer than the {slots + 1} partitions"):
+        require_prepared_transactions(pg_conn, partitions=slots + 1)
+
+
+def test_per_database(pg_server: PgServer, db: str) -> None:
+    _admin(pg_server, f"ALTER DATABASE {db} SET statement_timeout = '2s'")
+    found = _check(pg_server, dbname=db)["statement_timeout"]
+    assert (found.level, found.value, found.source) == (WARNING, "2s", f"database {db}")
+    assert "conservative floor of 10min" in found.message and "COPY" in found.message
+    assert found.fix == f"ALTER DATABASE {db} SET statement_timeout = '15min'"
+    _run_fix(pg_server, found.fix)
+    fixed = _check(pg_server, dbname=db)["statement_timeout"]
+    assert (fixed.level, fixed.value, fixed.source) == (OK, "15min", f"database {db}")
+    # a generous trigger interval makes the same value too short again
+    again = _check(pg_server, dbname=db, trigger_interval_s=3600)["statement_timeout"]
+    assert again.level == WARNING and "the trigger interval (1h)" in again.message
+
+
+def test_per_role(pg_server: PgServer, role: str, db: str) -> None:
+    name = "idle_in_transaction_session_timeout"
+    _admin(
+        pg_server, sql.SQL("ALTER ROLE {} SET " + name + " = '30s'").format(sql.Identifier(role))
+    )
+    with _connect(pg_server, user=role, dbname=db) as conn:
+        settings = read_settings(conn)
+        assert (settings.role, settings.database) == (role, db)
+        assert settings.stored == {(name, "user"): "30s"}
+        # a role without pg_read_all_settings does not see the file's name
+        mpt = settings.settings["max_prepared_transactions"]
+        assert describe_source(mpt, settings) in ("server (configuration file)", "default")
+        found = {f.setting: f for f in check_server(conn, trigger_interval_s=10)}[name]
+        slow = {
+            f.setting: f for f in check_server(conn, trigger_interval_s=10, slowest_write_s=12)
+        }[name]
+    assert (found.level, found.value, found.source) == (OK, "30s", f"role {role}")
+    assert (slow.level, slow.value, slow.source) == (WARNING, "30s", f"role {role}")
+    assert "(3 x 12s = 36s)" in slow.message
+    assert slow.fix == f"ALTER ROLE \"{role}\" SET {name} = '1min'"
+    _run_fix(pg_server, slow.fix)
+    fixed = _check(pg_server, user=role, dbname=db, trigger_interval_s=10, slowest_write_s=12)[name]
+    assert (fixed.level, fixed.value) == (OK, "1min")
+
+
+def test_per_role_in_database(pg_server: PgServer, role: str, db: str) -> None:
+    name = "idle_session_timeout"
+    ident = sql.Identifier(role)
+    # three levels; the role-in-database one wins, and the fix must target it
+    _admin(pg_server, sql.SQL("ALTER ROLE {} SET " + name + " = '2h'").format(ident))
+    _admin(pg_server, f"ALTER DATABASE {db} SET {name} = '3h'")
+    _admin(
+        pg_server,
+        sql.SQL("ALTER ROLE {} IN DATABASE " + db + " SET " + name + " = '1min'").format(ident),
+    )
+    # and one for another database, which must not count
+    _admin(
+        pg_server,
+        sql.SQL("ALTER ROLE {} IN DATABASE postgres SET statement_timeout = '1s'").format(ident),
+    )
+    with _connect(pg_server, user=role, dbname=db) as conn:
+        settings = read_settings(conn)
+        found = {f.setting: f for f in check_server(conn, trigger_interval_s=300)}
+    assert settings.stored == {
+        (name, "user"): "2h",
+        (name, "database"): "3h",
+        (name, "database user"): "1min",
+    }
+    idle = found[name]
+    assert (idle.level, idle.value, idle.source) == (
+        WARNING,
+        "1min",
+        f"role {role} in database {db}",
+    )
+    assert "the trigger interval (5min)" in idle.message
+    assert idle.fix == f"ALTER ROLE \"{role}\" IN DATABASE {db} SET {name} = '5min'"
+    assert found["statement_timeout"].level == OK and found["statement_timeout"].value == "0"
+    _run_fix(pg_server, idle.fix)
+    fixed = _check(pg_server, user=role, dbname=db, trigger_interval_s=300)[name]
+    assert (fixed.level, fixed.value, fixed.source) == (OK, "5min", f"role {role} in database {db}")
+
+
+def test_lock_timeout_per_role(pg_server: PgServer, role: str, db: str) -> None:
+    ident = sql.Identifier(role)
+    _admin(pg_server, sql.SQL("ALTER ROLE {} SET lock_timeout = '1s'").format(ident))
+    short = _check(pg_server, user=role, dbname=db)["lock_timeout"]
+    assert (short.level, short.value, short.source) == (WARNING, "1s", f"role {role}")
+    assert short.fix == f"ALTER ROLE \"{role}\" SET lock_timeout = '1min'"
+    _admin(pg_server, sql.SQL("ALTER ROLE {} SET lock_timeout = '30s'").format(ident))
+    fine = _check(pg_server, user=role, dbname=db)["lock_timeout"]
+    assert (fine.level, fine.value) == (OK, "30s") and "option lockTimeout" in fine.message
+
+
+def test_connection_options(pg_server: PgServer, db: str) -> None:
+    with _connect(pg_server, dbname=db, options="-c statement_timeout=1s") as conn:
+        found = {f.setting: f for f in check_server(conn)}["statement_timeout"]
+    assert (found.level, found.value) == (WARNING, "1s")
+    assert found.source == "connection options (PGOPTIONS or options= in the URL)"
+    assert found.fix is not None and "-c statement_timeout=15min" in found.fix
+
+
+SERVER_WIDE: dict[str, str | int] = {
+    "max_prepared_transactions": 0,
+    "idle_in_transaction_session_timeout": "'5s'",
+    "lock_timeout": "'2s'",
+    "idle_session_timeout": "'1min'",
+    "fsync": "off",
+}
+
+
+def test_server_wide(caplog: pytest.LogCaptureFixture) -> None:
+    pg = EmbeddedPostgres(settings=SERVER_WIDE).start()
+    server = PgServer(pg.url(), pg.url(), pg)
+    try:
+        found = _check(server, trigger_interval_s=30)
+        conf = "server (postgresql.conf)"
+        mpt = found["max_prepared_transactions"]
+        assert (mpt.level, mpt.value, mpt.source) == (ERROR, "0", conf)
+        assert mpt.message.startswith(
+            "prepared transactions are disabled on this server: set max_prepared_transactions "
+            "to at least 64 and restart"
+        )
+        assert (
+            mpt.fix == "ALTER SYSTEM SET max_prepared_transactions = 64; -- then restart PostgreSQL"
+        )
+        idle_tx = found["idle_in_transaction_session_timeout"]
+        assert (idle_tx.level, idle_tx.value, idle_tx.source) == (WARNING, "5s", conf)
+        assert "the trigger interval (30s)" in idle_tx.message
+        assert idle_tx.fix == (
+            "ALTER SYSTEM SET idle_in_transaction_session_timeout = '1min'; "
+            "SELECT pg_reload_conf();"
+        )
+        assert "for the sink's role only: ALTER ROLE postgres SET" in idle_tx.message
+        assert (found["lock_timeout"].level, found["lock_timeout"].value) == (WARNING, "2s")
+        idle = found["idle_session_timeout"]
+        assert (idle.level, idle.value, idle.source) == (OK, "1min", conf)  # >= 30s trigger
+        assert found["statement_timeout"].level == OK
+
+        with _connect(server) as conn:
+            with pytest.raises(
+                ConfigError, match="prepared transactions are disabled on this server"
+            ) as exc:
+                require_prepared_transactions(conn, partitions=100)
+            assert "at least 200" in str(exc.value) and "ALTER SYSTEM SET" in str(exc.value)
+            caplog.set_level(logging.INFO, logger="sqlsink")
+            state: dict[str, checks.Verdict] = {}
+            with pytest.raises(ConfigError, match="max_prepared_transactions"):
+                check_at_start(conn, key="q", trigger_interval_s=30, state=state)
+            assert {r.levelno for r in caplog.records} == {logging.ERROR, logging.WARNING}
+            warnings = check_at_start(
+                conn, key="q", exactly_once=False, trigger_interval_s=30, state=state
+            )
+            assert {f.setting for f in warnings if f.level == WARNING} == {
+                "idle_in_transaction_session_timeout",
+                "lock_timeout",
+            }
+
+        for f in found.values():
+            if f.fix:
+                _run_fix(server, f.fix)
+        pg.restart()  # max_prepared_transactions takes a restart
+        after = _check(server, trigger_interval_s=30)
+        assert {f.setting: f.level for f in after.values() if f.level != OK} == {}
+        assert after["max_prepared_transactions"].source == "server (postgresql.auto.conf)"
+        assert after["lock_timeout"].value == "1min"
+        with _connect(server) as conn:
+            require_prepared_transactions(conn, partitions=32)
+    finally:
+        pg.destroy()
