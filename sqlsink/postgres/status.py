@@ -19,6 +19,7 @@ import psycopg
 
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.postgres.backend import lock_key
+from sqlsink.postgres.checks import Finding, check_server
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version, latest_version
 
@@ -330,87 +331,8 @@ def role_info(conn: Connection) -> RoleInfo:
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One line of ``sqlsink check``; level is "ok", "info", "warning" or "error"."""
-
-    level: str
-    setting: str
-    value: str | None
-    source: str | None  # pg_settings.source: default, configuration file, user, database, ...
-    message: str
-    fix: str | None = None
-
-
-@dataclass(frozen=True)
 class CheckContext:
     trigger_interval_s: float | None = None  # the query's trigger interval, when given
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    value: str
-    unit: str | None
-    source: str
-
-    def millis(self) -> int:
-        factor = {"ms": 1, "s": 1000, "min": 60_000}.get(self.unit or "ms", 1)
-        return int(self.value) * factor
-
-
-def settings(conn: Connection, names: Collection[str]) -> dict[str, Setting]:
-    rows = conn.execute(
-        "SELECT name, setting, unit, source FROM pg_settings WHERE name = ANY(%s)", (list(names),)
-    ).fetchall()
-    return {
-        str(n): Setting(str(n), str(v), None if u is None else str(u), str(s))
-        for n, v, u, s in rows
-    }
-
-
-def check_max_prepared_transactions(conn: Connection, ctx: CheckContext) -> list[Finding]:
-    found = settings(conn, ["max_prepared_transactions", "max_connections"])
-    mpt = found["max_prepared_transactions"]
-    value = int(mpt.value)
-    if value == 0:
-        return [
-            Finding(
-                "error",
-                mpt.name,
-                mpt.value,
-                mpt.source,
-                "prepared transactions are disabled: exactly-once writes fail at PREPARE "
-                "TRANSACTION ('prepared transactions are disabled')",
-                "ALTER SYSTEM SET max_prepared_transactions = 64; then restart PostgreSQL "
-                "(at least 2 x the number of partitions writing at once; semantic=at_least_once "
-                "works without it)",
-            )
-        ]
-    row = conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
-    in_use = int(str(row[0])) if row else 0
-    if in_use >= 0.8 * value:
-        return [
-            Finding(
-                "warning",
-                mpt.name,
-                mpt.value,
-                mpt.source,
-                f"{in_use} of {value} prepared transaction slots are in use (cluster-wide): "
-                "new partitions fail at PREPARE when they run out",
-                "resolve leftovers with 'sqlsink recover', or raise max_prepared_transactions "
-                "(ALTER SYSTEM SET ...; restart)",
-            )
-        ]
-    return [
-        Finding(
-            "ok",
-            mpt.name,
-            mpt.value,
-            mpt.source,
-            f"prepared transactions are enabled ({in_use} of {value} slots in use); each "
-            "partition writing at once needs one",
-        )
-    ]
 
 
 def readable_version(conn: Connection) -> int | None:
@@ -429,7 +351,7 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "error",
                 "sqlsink schema",
                 "not readable",
-                None,
+                "",
                 "the commit log (schema sqlsink) exists but this role may not read it",
                 "connect as the sink's role (the schema's owner), or GRANT USAGE ON SCHEMA "
                 "sqlsink and the table privileges to this role",
@@ -441,7 +363,7 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "info",
                 "sqlsink schema",
                 "not installed",
-                None,
+                "",
                 "the commit log (schema sqlsink) is not installed in this database; the "
                 "sink's first run creates it (its role needs CREATE on the database)",
                 "start the query, or run sql/001_commit_log.sql (and later files) as the "
@@ -454,7 +376,7 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "info",
                 "sqlsink schema",
                 f"version {installed}",
-                None,
+                "",
                 f"the commit log is at version {installed}; this sqlsink uses {latest} and "
                 "migrates it at the sink's next start",
             )
@@ -465,13 +387,13 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "error",
                 "sqlsink schema",
                 f"version {installed}",
-                None,
+                "",
                 f"the commit log is at version {installed}, newer than this sqlsink knows "
                 f"({latest})",
                 "upgrade sqlsink (pip install -U sqlsink) where the query and this tool run",
             )
         ]
-    return [Finding("ok", "sqlsink schema", f"version {installed}", None, "installed, up to date")]
+    return [Finding("ok", "sqlsink schema", f"version {installed}", "", "installed, up to date")]
 
 
 def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
@@ -479,7 +401,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
     out: list[Finding] = []
     if me.superuser:
         out.append(
-            Finding("ok", "role", me.role, None, "superuser: may finish any prepared transaction")
+            Finding("ok", "role", me.role, "", "superuser: may finish any prepared transaction")
         )
     else:
         out.append(
@@ -487,7 +409,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "info",
                 "role",
                 me.role,
-                None,
+                "",
                 "not a superuser: COMMIT/ROLLBACK PREPARED works only on transactions this "
                 "role prepared (membership in the preparing role is not enough); run "
                 "'sqlsink recover' as the sink's role or as a superuser",
@@ -503,7 +425,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                     "ok",
                     "CREATE on database",
                     "granted",
-                    None,
+                    "",
                     "the sink can create its commit log (schema sqlsink)",
                 )
             )
@@ -513,7 +435,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                     "error",
                     "CREATE on database",
                     "not granted",
-                    None,
+                    "",
                     f"role {me.role} cannot create the sqlsink schema, and it is not installed: "
                     "the sink fails at its first batch",
                     f"GRANT CREATE ON DATABASE {me.database} TO {me.role}; or run "
@@ -545,7 +467,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                     "error",
                     "sqlsink privileges",
                     "missing",
-                    None,
+                    "",
                     f"role {me.role} lacks {'; '.join(missing)}: the sink cannot keep its "
                     "commit log",
                     f"connect as the schema's owner, or GRANT USAGE ON SCHEMA sqlsink TO "
@@ -555,7 +477,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
         else:
             out.append(
                 Finding(
-                    "ok", "sqlsink privileges", "granted", None, "can read and write the commit log"
+                    "ok", "sqlsink privileges", "granted", "", "can read and write the commit log"
                 )
             )
     if not me.superuser:
@@ -570,7 +492,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                     "warning",
                     "prepared transaction owner",
                     str(owner),
-                    None,
+                    "",
                     f"{count} sqlsink prepared transaction(s) here were prepared by role {owner}; "
                     f"role {me.role} cannot commit or roll them back",
                     f"run 'sqlsink recover' connected as {owner} or as a superuser",
@@ -591,105 +513,15 @@ def _true(conn: Connection, query: str, params: tuple[object, ...]) -> bool:
     return bool(row and row[0])
 
 
-_TIMEOUTS = (
-    "statement_timeout",
-    "idle_in_transaction_session_timeout",
-    "transaction_timeout",
-    "lock_timeout",
-    "idle_session_timeout",
-)
-
-
-def setting_fix(name: str, source: str, role: str, database: str, value: str) -> str:
-    """Where to change a setting, from pg_settings.source (for the sink's role: run as it)."""
-    if source == "client":
-        return f"drop {name} from the connection's options (PGOPTIONS, the URL's options=)"
-    if source == "user":
-        return f"ALTER ROLE {role} SET {name} = {value}"
-    if source == "database":
-        return f"ALTER DATABASE {database} SET {name} = {value}"
-    if source == "database user":
-        return f"ALTER ROLE {role} IN DATABASE {database} SET {name} = {value}"
-    return (
-        f"ALTER SYSTEM SET {name} = {value}; SELECT pg_reload_conf(); or, for the sink's "
-        f"role only, ALTER ROLE {role} SET {name} = {value}"
-    )
-
-
-def check_timeouts(conn: Connection, ctx: CheckContext) -> list[Finding]:
-    """Timeouts that end a partition's transaction before it prepares (DESIGN.md 5)."""
-    found = settings(conn, _TIMEOUTS)
-    me = role_info(conn)
-    interval = ctx.trigger_interval_s
-    out: list[Finding] = []
-    effects = {
-        "statement_timeout": "cancels a partition's COPY that streams longer than it",
-        "idle_in_transaction_session_timeout": (
-            "ends a partition's session that waits for rows between statements"
-        ),
-        "transaction_timeout": "ends a partition's transaction that lasts longer than it",
-    }
-    for name, effect in effects.items():
-        setting = found.get(name)
-        if setting is None:
-            continue  # transaction_timeout exists from PostgreSQL 17 on
-        ms = setting.millis()
-        if ms == 0:
-            out.append(Finding("ok", name, setting.value, setting.source, "off"))
-            continue
-        seconds = ms / 1000
-        short = interval is None or seconds < 3 * interval
-        level = "warning" if short else "info"
-        scale = (
-            f"shorter than 3 x the trigger interval ({interval:g}s)"
-            if interval is not None and short
-            else "compare it with the longest batch"
-            if interval is None
-            else f"above 3 x the trigger interval ({interval:g}s)"
-        )
-        out.append(
-            Finding(
-                level,
-                name,
-                f"{seconds:g}s",
-                setting.source,
-                f"{effect} ({scale}); the batch then fails and is retried; prepared "
-                "transactions are not affected",
-                setting_fix(name, setting.source, me.role, me.database, "0")
-                + ", or longer than the longest batch",
-            )
-        )
-    lock = found.get("lock_timeout")
-    if lock is not None and lock.millis():
-        out.append(
-            Finding(
-                "info",
-                lock.name,
-                f"{lock.millis() / 1000:g}s",
-                lock.source,
-                "the sink sets its own lock_timeout (option lockTimeout) per transaction",
-            )
-        )
-    idle = found.get("idle_session_timeout")
-    if idle is not None and idle.millis():
-        out.append(
-            Finding(
-                "info",
-                idle.name,
-                f"{idle.millis() / 1000:g}s",
-                idle.source,
-                "ends idle sessions; the sink opens its connections per batch, so only "
-                "long-lived tools are affected",
-            )
-        )
-    return out
+def check_settings(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    """max_prepared_transactions and the timeouts: see sqlsink.postgres.checks."""
+    return check_server(conn, trigger_interval_s=ctx.trigger_interval_s)
 
 
 CHECKS: list[Callable[[Connection, CheckContext], list[Finding]]] = [
-    check_max_prepared_transactions,
+    check_settings,
     check_schema,
     check_privileges,
-    check_timeouts,
 ]
 
 

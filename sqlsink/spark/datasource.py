@@ -60,7 +60,7 @@ class SqlsinkDataSource(DataSource):
                 "mode=upsert say how rows are written), and truncate the table first if needed"
             )
         options = SinkOptions.parse(dict(self.options))
-        target = _plan_target(options, schema)
+        target = _plan_target(options, schema, options.sink_id)
         run_id = uuid.uuid4().hex
         sink_id = options.sink_id or f"load-{run_id[:16]}"
         return SqlsinkBatchWriter(options, target, sink_id, run_id, one_off=not options.sink_id)
@@ -68,20 +68,25 @@ class SqlsinkDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         options = SinkOptions.parse(dict(self.options))
         sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-        target = _plan_target(options, schema)
+        target = _plan_target(options, schema, sink_id)
         return SqlsinkStreamWriter(options, target, sink_id)
 
 
-def _plan_target(options: SinkOptions, schema: StructType) -> TargetPlan:
-    from sqlsink.postgres.checks import require_prepared_transactions
+def _plan_target(options: SinkOptions, schema: StructType, sink_id: str | None) -> TargetPlan:
+    from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.connection import connect
     from sqlsink.postgres.schema import ensure_schema
     from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import table_columns
 
     with connect(options.url, options.password, application_name="sqlsink planner") as conn:
-        if options.semantic is Semantic.EXACTLY_ONCE:
-            require_prepared_transactions(conn)
+        # server settings: an error stops here, before any data; warnings are logged once
+        # per worker and again only when the verdict changes
+        check_at_start(
+            conn,
+            key=sink_id or str(options.table),
+            exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
+        )
         ensure_schema(conn)
         create = table_columns(schema) if options.create_table else None
         target = plan_target(conn, options, schema.fieldNames(), create)
