@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ from psycopg import sql
 
 from sqlsink.core.gid import Gid
 from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
-from tests.spark.streams import decided_batches, query_id, run_query, table_ids, write_source
+from tests.spark.streams import (
+    decided_batches,
+    query_id,
+    run_query,
+    start_query,
+    table_ids,
+    write_source,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -132,3 +140,27 @@ def test_leftovers_of_a_dead_run_are_resolved_before_writing_and_foreign_gids_su
         assert left == sorted(foreign)
     finally:
         rollback_all_prepared(pg_server)
+
+
+def test_password_never_appears_in_errors_or_plans(
+    spark: Any, tmp_path: Path, pg_server: PgServer, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "s3cret-PW-in-url"
+    url = pg_server.url.replace("postgres@", f"postgres:{secret}@")  # trust auth ignores it
+    write_source(tmp_path / "src", [range(0, 5)])
+    # a table that does not exist (no createTable): the query fails at planning
+    with pytest.raises(Exception) as err:
+        run_query(spark, tmp_path / "src", tmp_path / "chk", {"url": url, "table": table})
+    assert "does not exist" in str(err.value)
+    assert secret not in str(err.value)
+    # a query that runs: nothing of the password in progress, plans or logs either
+    query = start_query(
+        spark,
+        tmp_path / "src",
+        tmp_path / "chk2",
+        {"url": url, "table": table, "createTable": "true", "password": secret},
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert secret not in json.dumps(query.recentProgress, default=str)
+    assert secret not in caplog.text
