@@ -171,6 +171,13 @@ def _load(
     except psycopg.Error as exc:
         _rollback_quietly(conn)
         raise _write_error(exc, options, target, task) from None
+    except WriteError as exc:  # a value the encoder cannot write: say where
+        _rollback_quietly(conn)
+        raise WriteError(
+            f"{task.where()}: writing to table {target.table} failed: {exc}. "
+            f"Nothing of batch {task.batch_id} is visible.",
+            **{**exc.context, "batch": task.batch_id, "partition": task.partition_id},
+        ) from None
     except SqlsinkError:
         _rollback_quietly(conn)
         raise

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -38,10 +38,12 @@ def plan_target(
     options: SinkOptions,
     field_names: Sequence[str],
     create_columns: Sequence[sa.Column[object]] | None,
+    type_problems: Callable[[list[tuple[str, TargetColumn]]], list[str]] | None = None,
 ) -> TargetPlan:
     """Match the DataFrame's columns to the table's, creating the table if asked and missing.
 
-    Every problem is reported at once, in one error, before anything is written.
+    Every problem (columns, keys, and the types ``type_problems`` finds for each matched
+    (DataFrame column, table column) pair) is reported at once, before anything is written.
     """
     table = options.table
     columns = table_columns(conn, table)
@@ -58,6 +60,7 @@ def plan_target(
     matched: list[TargetColumn] = []
     problems: list[str] = []
     delete_column = options.delete_column
+    pairs: list[tuple[str, TargetColumn]] = []
     for name in field_names:
         if delete_column is not None and name == delete_column:
             matched.append(TargetColumn(name, BOOL_OID, "boolean", False, False))
@@ -67,6 +70,7 @@ def plan_target(
             problems.append(f"column {name!r} of the DataFrame is not in table {table}")
         else:
             matched.append(column)
+            pairs.append((name, column))
     written = {c.name for c in matched}
     for column in columns:
         if column.name not in written and column.not_null and not column.has_default:
@@ -80,6 +84,8 @@ def plan_target(
     if options.mode is Mode.UPSERT:
         upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
         problems += more
+    if type_problems is not None:
+        problems += type_problems(pairs)
     if problems:
         raise ConfigError(
             f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "

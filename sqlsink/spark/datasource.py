@@ -36,6 +36,7 @@ from pyspark.sql.types import StructType
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
+from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.target import TargetPlan
 
 log = logging.getLogger("sqlsink")
@@ -89,13 +90,13 @@ def _plan_target(options: SinkOptions, schema: StructType, sink_id: str | None) 
         )
         ensure_schema(conn)
         create = table_columns(schema) if options.create_table else None
-        target = plan_target(conn, options, schema.fieldNames(), create)
-    check_types(schema, target)
-    return target
+        return plan_target(
+            conn, options, schema.fieldNames(), create, lambda pairs: type_problems(schema, pairs)
+        )
 
 
-def check_types(schema: StructType, target: TargetPlan) -> None:
-    """Every column's Spark → PostgreSQL pair must be encodable: all problems in one error."""
+def type_problems(schema: StructType, pairs: list[tuple[str, TargetColumn]]) -> list[str]:
+    """Each (DataFrame column, table column) pair the encoder cannot write, with its fix."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from sqlsink.postgres.encoding import build_encoder
@@ -103,15 +104,12 @@ def check_types(schema: StructType, target: TargetPlan) -> None:
     # the zone only labels timestamps here; which one does not change what can be encoded
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     problems = []
-    for field, column in zip(arrow_schema, target.columns, strict=True):
+    for name, column in pairs:
         try:
-            build_encoder([field], [column])
+            build_encoder([arrow_schema.field(name)], [column])
         except ConfigError as exc:
             problems.append(str(exc))
-    if problems:
-        raise ConfigError(
-            f"the DataFrame's types do not fit table {target.table}: " + " | ".join(problems)
-        )
+    return problems
 
 
 class _SinkWriter:

@@ -92,6 +92,34 @@ def test_driver_killed_mid_commit_then_postgres_crash(
     finish_and_check(spark, tmp_path, pg_url, table, pg_server)
 
 
+def test_on_call_recovers_a_killed_driver_with_the_cli(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    write_source(tmp_path / "src", BATCHES)
+    kill_driver_at("after_decision", 1, tmp_path, pg_url, table)
+    sink_id = query_id(tmp_path / "chk")
+    left = sink_prepared(pg_server)
+    assert len(left) == 2
+    status = cli("status", "--url", pg_url, "--sink-id", sink_id, "--max-age", "0s")
+    assert status.returncode == 1 and all(g in status.stdout for g in left)
+    plan = cli("recover", "--url", pg_url, "--checkpoint", str(tmp_path / "chk"), "--dry-run")
+    assert plan.returncode == 1, plan.stdout + plan.stderr
+    assert "Spark will" in plan.stdout  # how the two logs relate
+    assert sink_prepared(pg_server) == left  # a dry run changes nothing
+    done = cli("recover", "--url", pg_url, "--sink-id", sink_id, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    actions = {a["gid"]: a["action"] for a in json.loads(done.stdout)["actions"]}
+    assert actions == dict.fromkeys(left, "commit")  # batch 1 was decided: rolled forward
+    assert table_ids(pg_url, table) == list(range(70))
+    finish_and_check(spark, tmp_path, pg_url, table, pg_server)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sqlsink", *args], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_driver_killed_after_commit_before_spark_commit_log(
     spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
 ) -> None:

@@ -164,3 +164,17 @@ def test_password_never_appears_in_errors_or_plans(
     assert query.exception() is None
     assert secret not in json.dumps(query.recentProgress, default=str)
     assert secret not in caplog.text
+
+
+def test_prepared_transactions_disabled_fails_before_writing(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sqlsink.postgres.embedded import EmbeddedPostgres
+
+    with EmbeddedPostgres(settings={"max_prepared_transactions": 0}) as server:
+        write_source(tmp_path / "src", [range(0, 5)])
+        options = {"url": server.url(), "table": "events", "createTable": "true"}
+        with pytest.raises(Exception, match="prepared transactions are disabled on this server"):
+            run_query(spark, tmp_path / "src", tmp_path / "chk", options)
+        with psycopg.connect(server.url()) as conn:
+            assert conn.execute("SELECT to_regclass('public.events')").fetchone() == (None,)
