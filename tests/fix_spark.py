@@ -19,6 +19,16 @@ import pytest
 from sqlsink.core.faults import ENV as FAULTS_ENV
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--chaos-rounds",
+        type=int,
+        default=1,
+        help="rounds of tests/chaos (each drains a source through repeated crashes)",
+    )
+    parser.addoption("--chaos-seed", type=int, default=None, help="seed of the chaos runs")
+
+
 @pytest.fixture(scope="session")
 def faults_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("faults") / "faults.json"

@@ -156,7 +156,23 @@ class _SinkWriter:
                 query_id=next((o.query_id for o in outcomes if o and o.query_id), None),
                 run_id=next((o.run_id for o in outcomes if o and o.run_id), None),
             )
+            self._recheck_server(committer.backend.conn, sink_id, outcomes)
         return sink_id
+
+    def _recheck_server(
+        self, conn: Any, sink_id: str, outcomes: list[PartitionOutcome | None]
+    ) -> None:
+        """Timeouts against the slowest partition write seen (logged when the verdict changes)."""
+        from sqlsink.postgres.checks import check_server, log_findings
+
+        writes = [o.prepared_at - o.started_at for o in outcomes if o is not None and o.gid]
+        findings = check_server(
+            conn,
+            partitions=len(outcomes),
+            slowest_write_s=max(writes, default=None),
+            exactly_once=self.options.semantic is Semantic.EXACTLY_ONCE,
+        )
+        log_findings(findings, key=sink_id)
 
     def _abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         outcomes = _outcomes(messages)
