@@ -35,6 +35,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName, TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
+from sqlsink.postgres.schema import privilege_error
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.postgres.upsert import ORDINAL
 
@@ -81,7 +82,11 @@ def write_partition(
     started = time.time()
     conn = connect(options.url, options.password, application_name=f"sqlsink {task.where()}")
     try:
-        if _already_decided(conn, task, options):
+        try:
+            decided = _already_decided(conn, task, options)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise privilege_error(conn, exc) from None
+        if decided:
             for _ in rows_iter:  # Spark expects the iterator consumed
                 pass
             return _outcome(task, None, 0, skipped=True, started=started)

@@ -47,8 +47,11 @@ def installed_version(conn: Connection) -> int:
 
 def ensure_schema(conn: Connection) -> int:
     """Install or migrate the schema; return its version. Cheap when up to date."""
-    if installed_version(conn) >= latest_version():
-        return latest_version()
+    try:
+        if installed_version(conn) >= latest_version():
+            return latest_version()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise privilege_error(conn, exc) from None
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
@@ -63,3 +66,17 @@ def ensure_schema(conn: Connection) -> int:
             "this role CREATE on the database (GRANT CREATE ON DATABASE <db> TO <role>)",
         ) from None
     return latest_version()
+
+
+def privilege_error(conn: Connection, exc: psycopg.errors.InsufficientPrivilege) -> ConfigError:
+    """A missing privilege of the sink's role, with what to grant."""
+    row = conn.execute("SELECT session_user, current_database()").fetchone()
+    role, database = (str(row[0]), str(row[1])) if row else ("<role>", "<database>")
+    return ConfigError(
+        f"role {role} lacks a privilege the sink needs: {exc.diag.message_primary}. The sink's "
+        "role must write the target table and own (or use) the sqlsink schema: run "
+        f"sql/setup_role.sql for role {role} as a superuser of database {database}, or grant "
+        "the missing privilege (e.g. GRANT USAGE ON SCHEMA sqlsink TO ...; GRANT SELECT, "
+        "INSERT ON ALL TABLES IN SCHEMA sqlsink TO ...)",
+        role=role,
+    )
