@@ -79,7 +79,10 @@ Checkpoint states: see ``sqlsink.checkpoint.STATES``.
                "last_complete_batch": int | null, "incomplete_batches": [int],
                "recent_batches": [{"batch_id": int, "rows": int, "gids": int,
                                    "decided_at": ISO-8601, "completed_at": ISO-8601 | null,
-                                   "query_id": str | null, "run_id": str | null}],
+                                   "query_id": str | null, "run_id": str | null,
+                                   "rows_per_second": float | null,
+                                   "lag_seconds": float | null, "commit_ms": float | null,
+                                   "orphans": int | null}],
                "prepared": [{"gid": str, "batch_id": int, "partition_id": int,
                              "run_id": str, "database": str, "owner": str,
                              "prepared_at": ISO-8601, "age_seconds": float,
@@ -112,7 +115,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
@@ -123,7 +125,7 @@ import psycopg
 from sqlsink.checkpoint import Checkpoint, DecisionState, read_checkpoint, relate
 from sqlsink.core.committer import Committer, data_loss_error
 from sqlsink.core.gid import Gid, check_sink_id
-from sqlsink.core.model import Decision, PreparedTransaction, ResolutionReport
+from sqlsink.core.model import PreparedTransaction, ResolutionReport
 from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
 from sqlsink.errors import ConfigError, DataLossError, SqlsinkError, TransientError
 from sqlsink.options import parse_duration
@@ -561,65 +563,24 @@ def _print_warnings(out: Output, warnings: Sequence[Notice]) -> None:
 # -- recover ------------------------------------------------------------------------------
 
 
-class RecordingBackend:
+class RecordingBackend(PostgresBackend):
     """The sink's backend, recording each COMMIT/ROLLBACK PREPARED and showing progress."""
 
-    def __init__(self, inner: PostgresBackend, progress: Callable[[int], None]) -> None:
-        self.inner = inner
+    def __init__(self, conn: Connection, progress: Callable[[int], None]) -> None:
+        super().__init__(conn)
         self.progress = progress
         self.finished: dict[str, str] = {}  # gid -> committed | rolled back | already finished
 
-    @property
-    def database(self) -> str:
-        return self.inner.database
-
-    def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
-        return self.inner.sink_lock(sink_id)
-
-    def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
-        return self.inner.prepared(sink_id)
-
-    def decisions(
-        self, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
-    ) -> dict[tuple[str, int], Decision]:
-        return self.inner.decisions(sink_id, batch_ids)
-
-    def bound_query(self, sink_id: str) -> str | None:
-        return self.inner.bound_query(sink_id)
-
-    def bind(self, sink_id: str, query_id: str) -> str:
-        return self.inner.bind(sink_id, query_id)
-
-    def has_batches(self, sink_id: str) -> bool:
-        return self.inner.has_batches(sink_id)
-
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-    ) -> bool:
-        return self.inner.insert_decision(sink_id, batch_id, gids, rows, query_id, run_id)
-
     def commit_prepared(self, gid: str) -> bool:
-        return self._record(gid, self.inner.commit_prepared(gid), "committed")
+        return self._record(gid, super().commit_prepared(gid), "committed")
 
     def rollback_prepared(self, gid: str) -> bool:
-        return self._record(gid, self.inner.rollback_prepared(gid), "rolled back")
+        return self._record(gid, super().rollback_prepared(gid), "rolled back")
 
     def _record(self, gid: str, done: bool, what: str) -> bool:
         self.finished[gid] = what if done else "already finished"
         self.progress(len(self.finished))
         return done
-
-    def visible_markers(self, gids: Collection[str]) -> set[str]:
-        return self.inner.visible_markers(gids)
-
-    def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
-        self.inner.mark_complete(sink_id, batch_ids)
 
 
 @dataclass
@@ -668,7 +629,7 @@ def cmd_recover(args: argparse.Namespace, out: Output, doc: dict[str, Any]) -> i
         me = _identify(conn, doc)
         _require_schema(conn, me)
         total = [0]
-        backend = RecordingBackend(PostgresBackend(conn), lambda n: _progress(out, n, total[0]))
+        backend = RecordingBackend(conn, lambda n: _progress(out, n, total[0]))
         warnings: list[Notice] = []
         bound = st.sinks(conn)
         if checkpoint is not None and sink_id is not None:
@@ -903,7 +864,7 @@ def _act(
             run.status = "failed"
             run.message = exc.message
         finally:
-            st.unlock_sink(backend.inner.conn, run.sink_id)
+            st.unlock_sink(backend.conn, run.sink_id)
             run.locked = False
 
 
@@ -1458,6 +1419,10 @@ def _sink_status(
                 "completed_at": d.completed_at,
                 "query_id": d.query_id,
                 "run_id": d.run_id,
+                "rows_per_second": d.rows_per_second(),
+                "lag_seconds": d.lag_seconds(),
+                "commit_ms": d.commit_ms,
+                "orphans": d.orphans,
             }
             for d in recent
         ],
@@ -1529,12 +1494,13 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
                 d["gids"],
                 format_time(d["decided_at"]),
                 format_time(d["completed_at"]) if d["completed_at"] else "NOT COMPLETE",
+                "-" if d["rows_per_second"] is None else f"{d['rows_per_second']:,.0f}",
+                "-" if d["lag_seconds"] is None else f"{d['lag_seconds']:.2f}s",
             ]
             for d in doc["recent_batches"]
         ]
-        for text in table(
-            ["BATCH", "ROWS", "GIDS", "DECIDED_AT", "COMPLETED_AT"], rows, right={0, 1, 2}
-        ):
+        headers = ["BATCH", "ROWS", "GIDS", "DECIDED_AT", "COMPLETED_AT", "ROWS/S", "LAG"]
+        for text in table(headers, rows, right={0, 1, 2, 5, 6}):
             out.line("    " + text)
     if doc["prepared"]:
         out.line(f"  open prepared transactions: {len(doc['prepared'])}")

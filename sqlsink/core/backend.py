@@ -49,8 +49,15 @@ class TwoPhaseBackend(Protocol):
         rows: int,
         query_id: str | None,
         run_id: str | None,
+        *,
+        partitions: int | None = None,
+        first_write_at: float | None = None,
     ) -> bool:
         """Write the decision (durably) unless one exists; True if this call wrote it."""
+        ...
+
+    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
+        """Store how the batch's commit went (for status and dashboards)."""
         ...
 
     def commit_prepared(self, gid: str) -> bool:

@@ -92,7 +92,6 @@ class Committer:
     ) -> ResolutionReport:
         """Decide batch N (once) and commit exactly its decided gids. Idempotent."""
         sink_id = self._sink()
-        started = time.monotonic()
         with self.backend.sink_lock(sink_id):
             self.check_binding(query_id)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
@@ -105,20 +104,23 @@ class Committer:
             decided = time.monotonic()
             scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
             report = self._resolve(scope, dry_run=False)[1]
+            commit_ms = (time.monotonic() - decided) * 1000
+            self.backend.record_metrics(sink_id, batch_id, commit_ms, len(report.rolled_back))
             crash_point("after_commit", batch_id)
-        self._warn_old(
-            (o.gid, o.started_at) for o in outcomes if o is not None and o.gid in report.committed
-        )
-        rows = sum(o.rows for o in outcomes if o is not None and not o.skipped)
+        written = [o for o in outcomes if o is not None and o.gid is not None]
+        self._warn_old((o.gid, o.started_at) for o in written if o.gid in report.committed)
+        first_write = min((o.started_at for o in written), default=None)
         log.info(
-            "sqlsink %s: batch %d committed: %d partitions, %d rows, decided in %.1f ms, "
-            "resolved in %.1f ms, %d orphan(s) rolled back",
+            "sqlsink %s: batch %d: %d partitions, %d rows, first write to decision %s, "
+            "COMMIT PREPARED %.1f ms, %d orphan(s) swept",
             sink_id,
             batch_id,
-            len(outcomes),
-            rows,
-            (decided - started) * 1000,
-            (time.monotonic() - decided) * 1000,
+            len(written),
+            sum(o.rows for o in written),
+            "-"
+            if first_write is None
+            else f"{(self.clock() - first_write) * 1000 - commit_ms:.0f} ms",
+            commit_ms,
             len(report.rolled_back),
         )
         return report
@@ -159,7 +161,17 @@ class Committer:
                 )
         gids = [o.gid for o in present if o.gid is not None]
         rows = sum(o.rows for o in present)
-        self.backend.insert_decision(sink_id, batch_id, gids, rows, query_id, run_id)
+        written = [o for o in present if o.gid is not None]
+        self.backend.insert_decision(
+            sink_id,
+            batch_id,
+            gids,
+            rows,
+            query_id,
+            run_id,
+            partitions=len(written),
+            first_write_at=min((o.started_at for o in written), default=None),
+        )
 
     def abort_batch(
         self, batch_id: int, outcomes: Sequence[PartitionOutcome | None], *, run_id: str | None

@@ -97,6 +97,9 @@ class PostgresBackend:
         rows: int,
         query_id: str | None,
         run_id: str | None,
+        *,
+        partitions: int | None = None,
+        first_write_at: float | None = None,
     ) -> bool:
         with self.conn.transaction():
             # the decision must be durable before anything is committed
@@ -108,10 +111,21 @@ class PostgresBackend:
             )
             cur = self.conn.execute(
                 "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
-                "completed_at) VALUES (%s, %s, %s, %s, %s, %s, "
+                "partitions, first_write_at, completed_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                "to_timestamp(%s), "
                 "CASE WHEN cardinality(%s::text[]) = 0 THEN clock_timestamp() END) "
                 "ON CONFLICT (sink_id, batch_id) DO NOTHING",
-                (sink_id, batch_id, list(gids), rows, query_id, run_id, list(gids)),
+                (
+                    sink_id,
+                    batch_id,
+                    list(gids),
+                    rows,
+                    query_id,
+                    run_id,
+                    partitions,
+                    first_write_at,
+                    list(gids),
+                ),
             )
             return cur.rowcount == 1
 
@@ -140,6 +154,13 @@ class PostgresBackend:
             "SELECT gid FROM sqlsink.markers WHERE gid = ANY(%s)", (list(gids),)
         ).fetchall()
         return {str(r[0]) for r in rows}
+
+    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
+        self.conn.execute(
+            "UPDATE sqlsink.decisions SET commit_ms = %s, orphans = %s "
+            "WHERE sink_id = %s AND batch_id = %s",
+            (commit_ms, orphans, sink_id, batch_id),
+        )
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
         self.conn.execute(

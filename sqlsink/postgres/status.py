@@ -47,6 +47,22 @@ class DecisionRow:
     completed_at: datetime | None
     query_id: str | None
     run_id: str | None
+    first_write_at: datetime | None = None
+    commit_ms: float | None = None
+    orphans: int | None = None
+
+    def rows_per_second(self) -> float | None:
+        """Throughput: rows over the time from the first write to the decision."""
+        if self.first_write_at is None:
+            return None
+        seconds = (self.decided_at - self.first_write_at).total_seconds()
+        return self.rows / seconds if seconds > 0 else None
+
+    def lag_seconds(self) -> float | None:
+        """From the batch's first write until all of it was visible (complete)."""
+        if self.first_write_at is None or self.completed_at is None:
+            return None
+        return (self.completed_at - self.first_write_at).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -59,13 +75,14 @@ class BatchSummary:
 
 
 _DECISION_COLUMNS = (
-    "sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id "
-    "FROM sqlsink.decisions"
+    "sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id, "
+    "first_write_at, commit_ms, orphans FROM sqlsink.decisions"
 )
 
 
 def _decision(row: tuple[object, ...]) -> DecisionRow:
-    sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id = row
+    sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id = row[:8]
+    first_write_at, commit_ms, orphans = row[8:]
     return DecisionRow(
         str(sink_id),
         int(str(batch_id)),
@@ -75,6 +92,9 @@ def _decision(row: tuple[object, ...]) -> DecisionRow:
         completed_at,  # type: ignore[arg-type]
         None if query_id is None else str(query_id),
         None if run_id is None else str(run_id),
+        first_write_at,  # type: ignore[arg-type]
+        None if commit_ms is None else float(str(commit_ms)),
+        None if orphans is None else int(str(orphans)),
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,37 @@ def test_exactly_once_streaming_append(
     sink_id = query_id(tmp_path / "chk")  # the default sink id
     assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
     assert prepared_transactions(pg_server.admin_url) == []
+    # a metrics row per batch, and status shows throughput and lag from it
+    with psycopg.connect(pg_url) as conn:
+        metrics = conn.execute(
+            "SELECT batch_id, rows, partitions, first_write_at <= decided_at, commit_ms >= 0, "
+            "orphans FROM sqlsink.decisions WHERE sink_id = %s ORDER BY batch_id",
+            (sink_id,),
+        ).fetchall()
+    assert metrics == [
+        (0, 40, 2, True, True, 0),
+        (1, 50, 2, True, True, 0),
+        (2, 10, 2, True, True, 0),
+    ]
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqlsink",
+            "status",
+            "--url",
+            pg_url,
+            "--sink-id",
+            sink_id,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    recent = json.loads(status.stdout)["sinks"][0]["recent_batches"]
+    assert all(b["rows_per_second"] > 0 and b["lag_seconds"] > 0 for b in recent)
 
 
 def test_replay_of_a_committed_batch_writes_nothing(
