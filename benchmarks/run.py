@@ -1,0 +1,247 @@
+"""sqlsink benchmark: throughput, per-batch overhead, worker memory and latency.
+
+    make bench                                   # = .venv/bin/python benchmarks/run.py
+    .venv/bin/python benchmarks/run.py --rows 100000 --repeat 1
+    .venv/bin/python benchmarks/run.py --quick --no-plot --out /tmp/x.json   # smoke, < 2 min
+    .venv/bin/python benchmarks/run.py --only throughput,latency
+    .venv/bin/python benchmarks/run.py --url postgresql://user@host/db       # an existing server
+
+Starts an embedded PostgreSQL (unless --url) and one local[2] SparkSession, generates the rows
+once as Parquet under benchmarks/work/data (not timed), runs the measures, prints a table and
+writes benchmarks/results/results.json and results.png. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from latency import measure_latency
+from memory import measure_memory
+from overhead import measure_batch_costs, summarize_overhead
+from report import machine_facts, print_report, ratios, write_json, write_plot
+from server import TABLE, postgres, recreate_table, reset_table, server_facts
+from streaming import JDBC_JAR, Sink, read_stream, run_available_now, spark_facts, start_session
+from throughput import methods, run_rounds
+from workload import Dataset, ensure_dataset
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work"
+RESULTS = HERE / "results"
+MEASURES = ("throughput", "overhead", "memory", "latency")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each measure does; --quick shrinks everything to a smoke run."""
+
+    rows: int
+    repeat: int
+    stream_files: int = 10
+    small_batches: int = 30  # files of the overhead measure: batches per query
+    small_batch_rows: int = 1_000
+    overhead_rounds: int = 2  # queries per (sink, partitions): 2 x 30 = 60 batches
+    partitions: tuple[int, ...] = (1, 2, 4)
+    memory_rows: int = 200_000  # N; the second memory run has 10·N
+    latency_drops: int = 7
+    latency_warmup: int = 2
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Sizes:
+        if args.quick:
+            return cls(
+                rows=args.rows or 20_000,
+                repeat=args.repeat or 1,
+                stream_files=4,
+                small_batches=3,
+                small_batch_rows=100,
+                overhead_rounds=1,
+                partitions=(1, 2),
+                memory_rows=2_000,
+                latency_drops=2,
+                latency_warmup=1,
+            )
+        rows = args.rows or 1_000_000
+        return cls(rows=rows, repeat=args.repeat or 3, memory_rows=max(rows // 5, 1_000))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, help="rows of the throughput runs (1,000,000)")
+    parser.add_argument("--repeat", type=int, help="runs per throughput number, median (3)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--url", help="an existing PostgreSQL (max_prepared_transactions > 0)")
+    parser.add_argument("--only", help=f"comma-separated subset of {', '.join(MEASURES)}")
+    parser.add_argument("--out", type=Path, default=RESULTS / "results.json", help="JSON file")
+    parser.add_argument("--no-plot", action="store_true", help="do not write results.png")
+    args = parser.parse_args(argv)
+    args.only = tuple(args.only.split(",")) if args.only else MEASURES
+    unknown = set(args.only) - set(MEASURES)
+    if unknown:
+        parser.error(f"unknown measure(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Datasets:
+    rows: Dataset
+    small_batches: Dataset
+    memory_small: Dataset
+    memory_large: Dataset
+
+
+def prepare_datasets(sizes: Sizes) -> Datasets:
+    """Generated once and cached under benchmarks/work/data; disjoint id ranges."""
+    root = WORK / "data"
+    small_total = sizes.small_batches * sizes.small_batch_rows
+    return Datasets(
+        rows=ensure_dataset(root, "rows", 0, sizes.rows, sizes.stream_files),
+        small_batches=ensure_dataset(
+            root, "batches", 1_000_000_000, small_total, sizes.small_batches
+        ),
+        memory_small=ensure_dataset(root, "memory", 2_000_000_000, sizes.memory_rows, 10),
+        memory_large=ensure_dataset(root, "memory", 3_000_000_000, 10 * sizes.memory_rows, 10),
+    )
+
+
+class Bench:
+    """One benchmark run: the server, the session, the data, and what was measured."""
+
+    def __init__(self, args: argparse.Namespace, sizes: Sizes, url: str, spark: Any) -> None:
+        self.args, self.sizes, self.url, self.spark = args, sizes, url, spark
+        self.checkpoints = WORK / "checkpoints"
+        self.measures: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}
+
+    def attempt(self, name: str, measure: Callable[[], Any]) -> Any:
+        """Run one measure; a failure is recorded (and reported), the others still run."""
+        say(f"{name} ...")
+        started = time.perf_counter()
+        result = None
+        try:
+            result = measure()
+        except Exception as exc:
+            traceback.print_exc()
+            self.errors[name] = describe(exc)
+        say(f"{name}: {time.perf_counter() - started:.0f} s")
+        return result
+
+    def record(self, name: str, measure: Callable[[], Any]) -> None:
+        result = self.attempt(name, measure)
+        if result is not None:
+            self.measures[name] = result
+
+    def run(self, data: Datasets) -> None:
+        """Memory first: its workers then carry the least from earlier runs."""
+        if "memory" in self.args.only:
+            self.record("memory", lambda: self.memory(data.memory_small, data.memory_large))
+        if "throughput" in self.args.only:
+            self.record("throughput", lambda: self.throughput(data.rows))
+        if "overhead" in self.args.only:
+            self.record("overhead", lambda: self.overhead(data.small_batches))
+        if "latency" in self.args.only:
+            self.record("latency", self.latency)
+
+    def warm_up(self, data: Datasets) -> None:
+        """Start the Python workers and JIT the paths once, so no measure pays for it."""
+        for sink in (Sink.sqlsink(self.url, TABLE, "exactly_once"), Sink.noop()):
+            reset_table(self.url)
+            frame = read_stream(self.spark, data.memory_small.path).repartition(2)
+            run_available_now(frame, sink, self.checkpoints)
+
+    def throughput(self, rows: Dataset) -> list[dict[str, Any]]:
+        jdbc = JDBC_JAR.is_file()
+        if not jdbc:
+            self.skipped["jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh (make bench)"
+        found = methods(self.spark, self.url, rows, self.checkpoints, jdbc)
+        run_rounds(found, self.url, self.sizes.repeat, self.attempt)
+        return [method.as_dict(rows.rows) for method in found if method.seconds]
+
+    def overhead(self, batches: Dataset) -> dict[str, Any]:
+        sizes = self.sizes
+        costs = measure_batch_costs(
+            self.spark, self.url, batches, sizes.partitions, sizes.overhead_rounds, self.checkpoints
+        )
+        return summarize_overhead(costs)
+
+    def memory(self, small: Dataset, large: Dataset) -> dict[str, Any]:
+        return measure_memory(self.spark, self.url, small, large, self.checkpoints)
+
+    def latency(self) -> dict[str, Any]:
+        drops, warmup = self.sizes.latency_drops, self.sizes.latency_warmup
+        return measure_latency(self.spark, self.url, WORK, drops, warmup)
+
+
+def describe(exc: BaseException) -> str:
+    """The exception in a few lines (a Py4J error's first line says nothing)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: " + " | ".join(lines[:4])[:1000]
+
+
+def clean_work() -> None:
+    """Checkpoints and latency sources of earlier runs; the generated data stays."""
+    for path in WORK.glob("*"):
+        if path.name != "data":
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = Sizes.from_args(args)
+    started = time.perf_counter()
+    clean_work()
+    say(f"generating data (cached in {WORK / 'data'}) ...")
+    data = prepare_datasets(sizes)
+    results: dict[str, Any] = {"config": {**asdict(sizes), "only": list(args.only)}}
+    results["machine"] = machine_facts()
+    with postgres(args.url, WORK / "pg") as url:
+        recreate_table(url)
+        results["postgres"] = server_facts(url)
+        bench = run_bench(args, sizes, url, data, results)
+    results.update(measures=bench.measures, errors=bench.errors, skipped=bench.skipped)
+    results["ratios"] = ratios(bench.measures.get("throughput", []))
+    results["machine"]["load_average_at_end"] = list(os.getloadavg())
+    results["machine"]["total_seconds"] = time.perf_counter() - started
+    write_results(results, args)
+    return 1 if bench.errors else 0
+
+
+def run_bench(
+    args: argparse.Namespace, sizes: Sizes, url: str, data: Datasets, results: dict[str, Any]
+) -> Bench:
+    say("starting Spark (local[2]) ...")
+    spark = start_session()
+    try:
+        results["spark"] = spark_facts(spark)
+        bench = Bench(args, sizes, url, spark)
+        bench.attempt("warm-up", lambda: bench.warm_up(data))
+        bench.run(data)
+        return bench
+    finally:
+        spark.stop()
+
+
+def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
+    print_report(results)
+    write_json(results, args.out)
+    say(f"wrote {args.out}")
+    if not args.no_plot:
+        write_plot(results, args.out.with_suffix(".png"))
+        say(f"wrote {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
