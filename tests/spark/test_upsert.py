@@ -111,3 +111,15 @@ def test_two_partitions_touching_one_key_fail_fast_with_advice(
         run_query(spark, tmp_path / "src", tmp_path / "chk", opts, 2, CDC)
     assert rows(pg_url, table) == []
     assert prepared_transactions(pg_server.admin_url) == []
+
+
+@pytest.mark.parametrize("semantic", ["at_least_once", "none"])
+def test_upsert_with_weaker_semantics(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, semantic: str, pg_server: PgServer
+) -> None:
+    make_table(pg_url, table, "CREATE TABLE {} (id bigint PRIMARY KEY, name text, qty int)")
+    write_records(tmp_path / "src", BATCHES)
+    opts = upsert_options(pg_url, table, semantic=semantic)
+    run_query(spark, tmp_path / "src", tmp_path / "chk", opts, None, CDC)
+    assert rows(pg_url, table) == FINAL
+    assert prepared_transactions(pg_server.admin_url) == []
