@@ -108,3 +108,29 @@ def test_recovery_walkthrough(spark: Any, pg_url: str, tmp_path: Path) -> None:
         "prepared_left": 0,
         "ok": True,
     }
+
+
+def test_demo_runs_and_ends_exactly_once() -> None:
+    """The README's first command, as a user runs it (its own embedded PostgreSQL)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    demo = subprocess.run(
+        [sys.executable, "examples/demo.py"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "driver died with signal SIGKILL" in demo.stdout
+    assert "prepared transaction(s) left for recovery" in demo.stdout
+    for line in (
+        "duplicates                  0",
+        "missing                     0",
+        "prepared transactions left  0",
+        "EXACTLY ONCE",
+    ):
+        assert line in demo.stdout
