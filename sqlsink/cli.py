@@ -131,7 +131,7 @@ from sqlsink.errors import ConfigError, DataLossError, SqlsinkError, TransientEr
 from sqlsink.options import parse_duration
 from sqlsink.postgres import status as st
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection, connect, redact, secrets_of
+from sqlsink.postgres.connection import Connection, connect, redact, secrets_of, shown
 
 JSON_VERSION = 1
 PROGRESS_EVERY = 100
@@ -236,7 +236,7 @@ class Output:
 
     @property
     def shown_url(self) -> str:
-        return self.clean(self.url)
+        return self.clean(shown(self.url))
 
 
 def _json_default(value: object) -> Any:

@@ -17,6 +17,11 @@ class TwoPhaseBackend(Protocol):
         """The current database (prepared gids of other databases are never touched)."""
         ...
 
+    @property
+    def session_pid(self) -> int | None:
+        """The server process of this session, when there is one (fault injection cuts it)."""
+        ...
+
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
         """Hold the sink's lock: committers and recoveries of one sink take turns."""
         ...

@@ -238,7 +238,11 @@ class Committer:
                 if self.backend.commit_prepared(gid):
                     report.committed.append(gid)
                     if action.gid is not None:
-                        crash_point("mid_commit", action.gid.batch_id)
+                        crash_point(
+                            "mid_commit",
+                            action.gid.batch_id,
+                            session_pid=self.backend.session_pid,
+                        )
                 elif action.gid is not None:  # finished meanwhile, by someone else
                     to_verify.append((action.gid.batch_id, gid))
             elif action.action is Action.ROLLBACK and self.backend.rollback_prepared(gid):

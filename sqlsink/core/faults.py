@@ -3,10 +3,19 @@
 Off unless ``SQLSINK_FAULTS_FILE`` names a file (set before Spark starts, so that
 its Python workers inherit it). The file holds a JSON list of faults, e.g.
 ``[{"point": "after_decision", "batch": 2, "action": "kill"}]``; a fault may also
-name a ``partition`` and an ``attempt`` (Spark's attemptNumber). Actions:
+name a ``partition`` and an ``attempt`` (Spark's attemptNumber), and ``"once": true``
+to fire only the first time it matches (the ``.fired`` log remembers). Actions:
 ``kill`` SIGKILLs every process of the session (the driver, its JVM and every
 worker, which PySpark puts in process groups of their own: a real crash; run the
-driver with ``start_new_session``), ``raise`` raises RuntimeError (a failed task).
+driver with ``start_new_session``), ``raise`` raises RuntimeError (a failed task),
+``terminate`` ends the caller's own database session with ``pg_terminate_backend``
+run from a second connection to the fault's ``url`` and returns, so that the code
+goes on and meets the cut connection where it would in production (mid-COPY,
+mid-commit). The callers pass their session's backend pid for that. ``sleep`` waits
+``seconds`` and returns (a straggler, for speculative execution).
+
+This module is test instrumentation; the database driver is imported only when a
+``terminate`` fault fires.
 """
 
 from __future__ import annotations
@@ -14,13 +23,26 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 ENV = "SQLSINK_FAULTS_FILE"
-POINTS = ("after_prepare", "before_decision", "after_decision", "mid_commit", "after_commit")
+POINTS = (
+    "mid_copy",
+    "after_prepare",
+    "before_decision",
+    "after_decision",
+    "mid_commit",
+    "after_commit",
+)
 
 
 def crash_point(
-    point: str, batch_id: int, partition_id: int | None = None, attempt: int | None = None
+    point: str,
+    batch_id: int,
+    partition_id: int | None = None,
+    attempt: int | None = None,
+    *,
+    session_pid: int | None = None,
 ) -> None:
     path = os.environ.get(ENV)
     if not path:
@@ -37,11 +59,37 @@ def crash_point(
             continue
         if fault.get("attempt", attempt) != attempt:
             continue
+        if fault.get("once") and _has_fired(path, fault):
+            continue
         with open(f"{path}.fired", "a", encoding="utf-8") as log:  # tests assert it fired
             log.write(json.dumps({**fault, "batch": batch_id, "partition": partition_id}) + "\n")
         if fault.get("action") == "kill":
             _kill_session()
+        if fault.get("action") == "sleep":
+            time.sleep(float(fault.get("seconds", 10)))
+            return
+        if fault.get("action") == "terminate":
+            _terminate(str(fault["url"]), session_pid)
+            return
         raise RuntimeError(f"injected fault at {point} (batch {batch_id})")
+
+
+def _has_fired(path: str, fault: dict[str, object]) -> bool:
+    try:
+        with open(f"{path}.fired", encoding="utf-8") as log:
+            fired = [json.loads(line) for line in log]
+    except (OSError, ValueError):
+        return False
+    return any(all(f.get(k) == v for k, v in fault.items() if k != "partition") for f in fired)
+
+
+def _terminate(url: str, pid: int | None) -> None:
+    import psycopg
+
+    if pid is None:
+        raise RuntimeError("a terminate fault needs the caller's session pid")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
 
 
 def _kill_session() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -12,6 +13,9 @@ from sqlsink.core.gid import Gid
 from sqlsink.core.model import Decision, PreparedTransaction
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
+
+log = logging.getLogger("sqlsink")
+_warned_markers: list[bool] = []
 
 
 def lock_key(sink_id: str | None) -> str:
@@ -29,6 +33,10 @@ class PostgresBackend:
     @property
     def database(self) -> str:
         return self._database
+
+    @property
+    def session_pid(self) -> int | None:
+        return None if self.conn.closed else self.conn.info.backend_pid
 
     @contextmanager
     def sink_lock(self, sink_id: str | None) -> Iterator[None]:
@@ -163,8 +171,26 @@ class PostgresBackend:
         )
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
-        self.conn.execute(
+        done = self.conn.execute(
             "UPDATE sqlsink.decisions SET completed_at = clock_timestamp() "
-            "WHERE sink_id = %s AND batch_id = ANY(%s) AND completed_at IS NULL",
+            "WHERE sink_id = %s AND batch_id = ANY(%s) AND completed_at IS NULL "
+            "RETURNING batch_id",
             (sink_id, list(batch_ids)),
-        )
+        ).fetchall()
+        if not done:
+            return
+        # markers are read only to verify the gids of incomplete decisions: once a batch
+        # is complete its markers go, so the commit log grows by one row per batch only
+        try:
+            self.conn.execute(
+                "DELETE FROM sqlsink.markers WHERE sink_id = %s AND batch_id = ANY(%s)",
+                (sink_id, [row[0] for row in done]),
+            )
+        except psycopg.errors.InsufficientPrivilege:
+            if not _warned_markers:
+                _warned_markers.append(True)
+                log.warning(
+                    "sqlsink: this role may not DELETE FROM sqlsink.markers, so the markers "
+                    "of complete batches are kept (harmless, but the table grows): "
+                    "GRANT DELETE ON sqlsink.markers TO the sink's role"
+                )

@@ -20,12 +20,35 @@ def conninfo(url: str, password: str | None = None) -> str:
         url = url[len("jdbc:") :]
     try:
         params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"invalid url {redact(url)!r}: {scrub(str(exc), url)}") from None
+    except psycopg.ProgrammingError:
+        # libpq's message quotes the part it could not read, which may be the password,
+        # and a string that cannot be parsed cannot be scrubbed reliably: say nothing of it
+        raise ConfigError(
+            f"invalid url {shown(url)!r}: it is neither a postgresql:// URI nor a key=value "
+            "connection string that libpq can read. In a URI, percent-encode special "
+            "characters of the user and password ('%' as %25, '@' as %40, ':' as %3A, "
+            "'/' as %2F); in key=value form, quote values with spaces ('...'); or pass the "
+            "password with the password option (or PGPASSWORD / .pgpass)"
+        ) from None
     if password is not None:
         params["password"] = password
     params.setdefault("connect_timeout", "10")  # a dead host must not hang a task forever
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})  # type: ignore[arg-type]
+
+
+def shown(url: str) -> str:
+    """The connection string as it may be shown: without any password, even unparsable."""
+    url = url.removeprefix("jdbc:")
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        if "://" not in url:
+            return "(a key=value connection string that cannot be parsed, not shown)"
+        scheme, rest = url.split("://", 1)
+        if "@" in rest:  # the user info may hold the password: keep only what follows it
+            rest = "***@" + rest.rsplit("@", 1)[1]
+        return redact(f"{scheme}://{rest}")
+    return redact(url)
 
 
 def redact(url: str) -> str:
@@ -62,5 +85,5 @@ def connect(url: str, password: str | None = None, *, application_name: str) -> 
         )
     except psycopg.OperationalError as exc:
         raise TransientError(
-            f"cannot connect to PostgreSQL at {redact(url)}: {scrub(str(exc), url, password)}",
+            f"cannot connect to PostgreSQL at {shown(url)}: {scrub(str(exc), url, password)}",
         ) from None

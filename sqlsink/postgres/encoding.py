@@ -6,15 +6,18 @@ and that many bytes of the type's binary "send" format. All integers are big-end
 
 How a batch is encoded: every column turns its Arrow array into *fields* -- per value a
 prefix (the length word and any fixed-size head: a value, a jsonb version byte, an array
-header...) kept as one row of a uint8 matrix, and optionally a variable-length body (string
-bytes, numeric digits, array elements) kept as runs of a source buffer. Field sizes give the
-row sizes, a prefix sum gives where every row starts, and one ``np.empty`` buffer receives
-everything through vectorised fancy indexing. There is no per-row Python for the common types
-(integers, floats, booleans, dates, times, timestamps, intervals, strings and binaries of every
-kind including text/json/jsonb/uuid, decimals into numeric, arrays of all of these). Per-value
-Python is used only for floats into numeric, inet/cidr, and struct/map/list into json/jsonb;
-string/binary values of 1 KiB or more are moved by one slice copy each, which is cheaper per
-byte than the vectorised path for such values.
+header...) given as big-endian columns (one numpy array, or one scalar, per part of the
+prefix), and optionally a variable-length body (string bytes, numeric digits, array elements)
+kept as runs of a source buffer. ``_assemble`` lays the rows out: the prefixes between two
+bodies are written side by side, every column by one vectorised assignment to a strided view
+of a scratch buffer, the bodies' bytes are copied after them, and Arrow's C++ ``take`` on a
+binary array made of that buffer and offsets cutting it into pieces concatenates the pieces
+in row order (and first drops the bytes NULLs leave unused). When no column has a body and no
+value is NULL, the scratch buffer already is the answer. There is no per-row Python for the
+common types (integers, floats, booleans, dates, times, timestamps, intervals, strings and
+binaries of every kind including text/json/jsonb/uuid, decimals into numeric, arrays of all of
+these). Per-value Python is used only for floats into numeric, inet/cidr, and struct/map/list
+into json/jsonb.
 
 Semantics worth knowing:
 
@@ -39,7 +42,6 @@ from __future__ import annotations
 import base64
 import decimal
 import ipaddress
-import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -114,9 +116,6 @@ _MIN_TS_UNIX_US = -211_813_488_000_000_000 + _PG_EPOCH_US  # 4714-11-24 BC, in u
 _I64_MAX = 2**63 - 1
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
-_LONG_VALUE = 1024  # bodies at least this long are copied one slice each
-_CHUNK = 1 << 16  # bytes per vectorised scatter: bounds the int64 index temporaries
-
 
 # -- fields: what a column encoder produces ----------------------------------------------------
 
@@ -140,43 +139,54 @@ class _Body:
 
 
 class _Fields:
-    """The binary COPY fields of n values, ready to be placed in an output buffer.
+    """The binary COPY fields of n values, to be laid out in rows by ``_assemble``.
 
-    Value i is the first ``widths[i]`` bytes of ``mat[i]`` (the big-endian length word, -1 for
-    NULL, then any fixed-size part), followed by its body run if there is a body.
-    ``widths`` None means every value takes the whole matrix row.
+    Value i starts with a fixed-size prefix: the big-endian ``cols`` side by side (the length
+    word, then any fixed-size part), each given as an array of n values or as one scalar for
+    all. Only the first ``widths[i]`` bytes of that prefix are kept (``widths`` None: all of
+    them). The value's body run, if there is a body, follows. Where ``valid`` is False the
+    value is NULL: its field is the length word -1 alone (the first column must then be that
+    int32 word; the body run must be empty there).
     """
 
-    __slots__ = ("body", "mat", "sizes", "width_set", "widths")
+    __slots__ = ("body", "cols", "nulls", "width", "widths")
 
     def __init__(
         self,
-        mat: Arr,
+        cols: Sequence[tuple[np.dtype[Any], Any]],
+        valid: Arr | None = None,
         widths: Arr | None = None,
-        width_set: Sequence[int] = (),
         body: _Body | None = None,
     ) -> None:
-        self.mat = mat
+        self.cols = tuple(cols)
+        self.width = sum(dt.itemsize for dt, _ in self.cols)
+        self.nulls = None if valid is None else ~valid
+        if widths is not None and valid is not None:
+            widths = np.where(valid, widths, 4)
         self.widths = widths
-        self.width_set = tuple(width_set)
         self.body = body
-        base: Arr | int = mat.shape[1] if widths is None else widths
-        self.sizes: Arr | int = base if body is None else base + body.lens
 
-    def place(self, out: Arr, pos: Arr) -> None:
-        """Write value i at out[pos[i]:]."""
-        if self.widths is None:
-            _scatter_rows(out, pos, self.mat)
-        else:
-            for width in self.width_set:
-                sel = self.widths == width
-                _scatter_rows(out, pos[sel], self.mat[sel, :width])
-        if self.body is not None:
-            start = pos + (self.mat.shape[1] if self.widths is None else self.widths)
-            _copy_runs(out, start, self.body.data, self.body.src, self.body.lens)
+    def shortened(self) -> tuple[Arr, Arr | int, Arr] | None:
+        """The values keeping fewer than ``width`` prefix bytes, how many bytes those keep, and
+        how many bytes every value drops; None when every value keeps them all."""
+        if self.widths is not None:
+            rows = np.flatnonzero(self.widths < self.width)
+            return rows, self.widths[rows], self.width - self.widths
+        if self.nulls is not None and self.width > 4:
+            return np.flatnonzero(self.nulls), 4, self.nulls * (self.width - 4)
+        return None
+
+    @property
+    def sizes(self) -> Arr | int:
+        """Every value's size in bytes (an int when all have the same)."""
+        short = self.shortened()
+        base: Arr | int = self.width if short is None else self.width - short[2]
+        return base if self.body is None else base + self.body.lens
 
 
 _Encode = Callable[[pa.Array], _Fields]
+
+_I2, _I4, _U1 = np.dtype(">i2"), np.dtype(">i4"), np.dtype(np.uint8)
 
 
 # -- vectorised primitives ---------------------------------------------------------------------
@@ -197,18 +207,6 @@ def _iota(start: int, stop: int) -> Arr:
     return _IOTA[start:stop]
 
 
-def _scatter_rows(out: Arr, pos: Arr, mat: Arr) -> None:
-    """out[pos[i] : pos[i] + w] = mat[i] for every row i of the (n, w) matrix."""
-    n, width = mat.shape
-    if n == 0 or width == 0:
-        return
-    cols = _iota(0, width)
-    step = max(1, _CHUNK // width)
-    for a in range(0, n, step):
-        idx = pos[a : a + step, None] + cols
-        out[idx] = mat[a : a + step]
-
-
 def _exclusive_cumsum(sizes: Arr) -> Arr:
     starts = np.empty(len(sizes) + 1, dtype=np.int64)
     starts[0] = 0
@@ -216,52 +214,160 @@ def _exclusive_cumsum(sizes: Arr) -> Arr:
     return starts
 
 
-def _copy_runs(out: Arr, dst: Arr, data: Arr, src: Arr, lens: Arr) -> None:
-    """out[dst[i] : dst[i] + lens[i]] = data[src[i] : src[i] + lens[i]] for every i."""
-    long = lens >= _LONG_VALUE
-    if long.any():
-        runs = zip(dst[long].tolist(), src[long].tolist(), lens[long].tolist(), strict=True)
-        for d, s, k in runs:
-            out[d : d + k] = data[s : s + k]
-        short = ~long
-        dst, src, lens = dst[short], src[short], lens[short]
-    n = len(lens)
+def _in_order(body: _Body) -> tuple[Arr, Arr, int, int]:
+    """(data, src, lo, hi): the same runs, in increasing order without overlaps, in [lo, hi)."""
+    data, src, lens = body.data, body.src, body.lens
+    if len(src) > 1 and not np.all(src[1:] >= src[:-1] + lens[:-1]):
+        # Never the case for the runs the encoders make (Arrow offsets only grow): gather them.
+        starts = _exclusive_cumsum(lens)
+        data = data[np.repeat(src - starts[:-1], lens) + _iota(0, int(starts[-1]))]
+        src = starts[:-1]
+    lo, hi = int(src[0]), int(src[-1] + lens[-1])
+    if lo < 0 or hi > len(data):
+        raise ValueError(f"malformed runs: [{lo}, {hi}) of {len(data)} bytes")
+    return data, src, lo, hi
+
+
+def _assemble(n: int, parts: Sequence[_Fields]) -> Arr:
+    """n rows, row i being value i of every part in turn, as one uint8 array.
+
+    A row is cut into *groups* of fixed-size prefixes (up to and including the prefix of a
+    part with a body) and the bodies between them. Each group's prefixes go side by side into
+    a scratch buffer, n rows of them, by assigning whole columns to strided views; the bodies'
+    data follows. Arrow's ``take`` (C++) then concatenates pieces of that buffer (byte ranges
+    given by offsets): once to drop what prefixes shortened by a NULL leave unused, once to
+    put every row's groups and body runs in row order. Without a body, the buffer (which then
+    holds a single group) is the answer once the unused bytes are gone.
+    """
     if n == 0:
-        return
-    ends = np.cumsum(lens)
-    total = int(ends[-1])
-    if total == 0:
-        return
-    # Split the values into chunks of about _CHUNK bytes.
-    cuts = [0]
-    if total > _CHUNK:
-        cuts += np.searchsorted(ends, np.arange(_CHUNK, total, _CHUNK), side="right").tolist()
-    cuts.append(n)
-    for a, b in itertools.pairwise(cuts):
-        if a >= b:
+        return np.zeros(0, dtype=np.uint8)
+    groups: list[list[_Fields]] = [[]]
+    bodies: list[tuple[Arr, Arr, Arr, int, int]] = []
+    for part in parts:
+        groups[-1].append(part)
+        if part.body is not None:
+            bodies.append((part.body.lens, *_in_order(part.body)))
+            groups.append([])
+    widths = [sum(p.width for p in group) for group in groups]
+    buf = np.empty(n * sum(widths) + sum(hi - lo for *_, lo, hi in bodies), dtype=np.uint8)
+    holes: list[tuple[Arr, Arr]] = []  # (starts, ends) of the bytes shortened prefixes leave
+    shrink: list[Arr | None] = []  # per group, per row: how many bytes those are
+    base = 0
+    for group, width in zip(groups, widths, strict=True):
+        _fill(buf[base : base + n * width], width, group)
+        at = base
+        fewer: Arr | None = None
+        for part in group:
+            short = part.shortened()
+            if short is not None and len(short[0]):
+                rows, keep, less = short
+                starts = rows * width + at
+                holes.append((starts + keep, starts + part.width))
+                fewer = less if fewer is None else fewer + less
+            at += part.width
+        shrink.append(fewer)
+        base += n * width
+    for _, data, _, lo, hi in bodies:
+        buf[base : base + hi - lo] = data[lo:hi]
+        base += hi - lo
+    if holes:
+        buf = _without(buf, holes)
+    if not bodies:
+        return buf
+    # Every row's groups and body runs in row order: cut the buffer into one piece per row of
+    # a group, two per value of a body (its run, then the gap to the next run), and take the
+    # pieces that are not gaps.
+    order = [(False, g) for g in range(len(groups)) if widths[g]]
+    order += [(True, b) for b in range(len(bodies))]
+    order.sort(key=lambda o: 2 * o[1] + o[0])  # group 0, body 0, group 1, body 1...
+    cuts = np.empty(n * (len(order) + len(bodies)) + 1, dtype=np.int64)
+    take = np.empty((n, len(order)), dtype=np.int64)
+    rows = _iota(0, n)
+    first = base = 0
+    for g, width in enumerate(widths):
+        if not width:
             continue
-        run_lens = lens[a:b]
-        first = int(src[a])
-        size = int(ends[b - 1] - (ends[a - 1] if a else 0))
-        if size == 0:
-            continue
-        # Contiguous source (the usual case: Arrow string data without gaps)?
-        if int(src[b - 1] + run_lens[-1]) - first == size and (
-            b - a == 1 or np.array_equal(src[a + 1 : b], src[a : b - 1] + run_lens[:-1])
-        ):
-            idx = np.repeat(dst[a:b] - (src[a:b] - first), run_lens)
-            idx += _iota(0, size)
-            out[idx] = data[first : first + size]
-        else:
-            within = _iota(0, size) - np.repeat(_exclusive_cumsum(run_lens)[:-1], run_lens)
-            out[np.repeat(dst[a:b], run_lens) + within] = data[
-                np.repeat(src[a:b], run_lens) + within
-            ]
+        starts = cuts[first : first + n]
+        np.multiply(rows, width, out=starts)
+        starts += base
+        fewer = shrink[g]
+        base += n * width
+        if fewer is not None:
+            removed = _exclusive_cumsum(fewer)
+            starts -= removed[:-1]
+            base -= int(removed[-1])
+        np.add(rows, first, out=take[:, order.index((False, g))])
+        first += n
+    for b, (lens, _, src, lo, hi) in enumerate(bodies):
+        pieces = cuts[first : first + 2 * n].reshape(n, 2)
+        np.add(src, base - lo, out=pieces[:, 0])
+        np.add(pieces[:, 0], lens, out=pieces[:, 1])
+        column = take[:, order.index((True, b))]
+        np.multiply(rows, 2, out=column)
+        column += first
+        first += 2 * n
+        base += hi - lo
+    cuts[-1] = base
+    return _take(buf, cuts, take.reshape(-1))
 
 
-def _length_words(lengths: Arr) -> Arr:
-    """The (n, 4) matrix of big-endian int32 length words."""
-    return np.ascontiguousarray(lengths, dtype=">i4").view(np.uint8).reshape(len(lengths), 4)
+def _fill(out: Arr, width: int, group: Sequence[_Fields]) -> None:
+    """Writes the prefixes of the group's parts side by side, rows of width bytes, into out."""
+    if not width:
+        return
+    n = len(out) // width
+    template = np.zeros(width, dtype=np.uint8)  # the columns that are the same in every row
+    columns: list[tuple[int, np.dtype[Any], Arr]] = []
+    at = 0
+    for part in group:
+        for dt, values in part.cols:
+            if isinstance(values, np.ndarray) and values.ndim:
+                columns.append((at, dt, values))
+            else:
+                template[at : at + dt.itemsize] = np.array(values, dt).reshape(1).view(np.uint8)
+            at += dt.itemsize
+    if len(columns) < sum(len(part.cols) for part in group):
+        rows = np.ndarray((n,), f"V{width}", buffer=out)  # a row a value: a fast fill
+        rows[...] = template.view(f"V{width}")[0]
+    for at, dt, values in columns:
+        view: Arr = np.ndarray((n,), dt, buffer=out, offset=at, strides=(width,))
+        view[...] = values
+    at = 0
+    for part in group:
+        if part.nulls is not None:
+            words: Arr = np.ndarray((n,), _I4, buffer=out, offset=at, strides=(width,))
+            words[part.nulls] = -1
+        at += part.width
+
+
+def _without(buf: Arr, holes: Sequence[tuple[Arr, Arr]]) -> Arr:
+    """buf without the bytes [starts[i], ends[i]) of every (starts, ends) in holes."""
+    starts = np.concatenate([s for s, _ in holes])
+    ends = np.concatenate([e for _, e in holes])
+    if len(holes) > 1:
+        order = np.argsort(starts, kind="stable")  # sorted runs: quick for timsort
+        starts, ends = starts[order], ends[order]
+    cuts = np.empty(2 * len(starts) + 2, dtype=np.int64)
+    cuts[0], cuts[-1] = 0, len(buf)
+    cuts[1:-1:2] = starts
+    cuts[2:-1:2] = ends
+    return _take(buf, cuts, np.arange(0, len(cuts) - 1, 2))
+
+
+def _take(buf: Arr, cuts: Arr, take: Arr) -> Arr:
+    """The pieces buf[cuts[j] : cuts[j + 1]] for every j of take, concatenated (by Arrow)."""
+    if cuts[0] < 0 or cuts[-1] > len(buf) or not np.all(cuts[1:] >= cuts[:-1]):
+        # Arrow trusts the offsets: never let it read outside buf (malformed input arrays).
+        raise ValueError("the pieces of a batch's rows are out of order: a malformed array?")
+    source = pa.Array.from_buffers(
+        pa.large_binary(), len(cuts) - 1, [None, pa.py_buffer(cuts), pa.py_buffer(buf)]
+    )
+    joined = source.take(pa.array(take))
+    offsets = np.frombuffer(joined.buffers()[1], np.int64, count=joined.offset + len(joined) + 1)
+    lo, hi = int(offsets[joined.offset]), int(offsets[-1])
+    if hi == lo:
+        return np.zeros(0, dtype=np.uint8)
+    return np.frombuffer(joined.buffers()[2], np.uint8, count=hi - lo, offset=lo)
 
 
 def _bits(buf: pa.Buffer, offset: int, n: int) -> Arr:
@@ -290,16 +396,23 @@ def _raw(arr: pa.Array, dtype: npt.DTypeLike, index: int = 1) -> Arr:
 
 
 def _values(arr: pa.Array, dtype: npt.DTypeLike) -> tuple[Arr, Arr | None]:
-    """The values, with 0 in NULL slots, and the validity."""
-    values = _raw(arr, dtype)
-    valid = _validity(arr)
-    if valid is not None:
-        values = np.where(valid, values, 0).astype(values.dtype, copy=False)
-    return values, valid
+    """The values (garbage in NULL slots) and the validity."""
+    return _raw(arr, dtype), _validity(arr)
 
 
 def _first(bad: Arr) -> int:
     return int(np.argmax(bad))
+
+
+def _first_valid(bad: Arr, valid: Arr | None) -> int | None:
+    """The first value that is bad and not NULL, if any."""
+    if not bad.any():
+        return None
+    if valid is not None:
+        bad = bad & valid
+        if not bad.any():
+            return None
+    return _first(bad)
 
 
 def _show(value: object) -> str:
@@ -310,34 +423,23 @@ def _show(value: object) -> str:
     return text if len(text) <= 100 else text[:96] + "...'"
 
 
-def _fixed(n: int, valid: Arr | None, *cols: tuple[str, Any]) -> _Fields:
+def _fixed(valid: Arr | None, *cols: tuple[str, Any]) -> _Fields:
     """Fixed-size values: the length word then the columns, each as (big-endian dtype, values)."""
-    dt = np.dtype([("n", ">i4")] + [(f"f{i}", d) for i, (d, _) in enumerate(cols)])
-    rec = np.empty(n, dtype=dt)
-    rec["n"] = dt.itemsize - 4
-    for i, (_, values) in enumerate(cols):
-        rec[f"f{i}"] = values
-    mat = rec.view(np.uint8).reshape(n, dt.itemsize)
-    if valid is None:
-        return _Fields(mat)
-    rec["n"][~valid] = -1
-    return _Fields(mat, np.where(valid, dt.itemsize, 4), (4, dt.itemsize))
+    dts = [(np.dtype(d), values) for d, values in cols]
+    return _Fields([(_I4, sum(dt.itemsize for dt, _ in dts)), *dts], valid)
 
 
 def _fixed_bytes(payload: Arr, valid: Arr | None) -> _Fields:
     """Fixed-size values given as an (n, w) uint8 matrix."""
-    n, width = payload.shape
-    mat = np.empty((n, width + 4), dtype=np.uint8)
-    mat[:, 4:] = payload
-    if valid is None:
-        mat[:, :4] = _length_words(np.array([width]))
-        return _Fields(mat)
-    mat[:, :4] = _length_words(np.where(valid, width, -1))
-    return _Fields(mat, np.where(valid, width + 4, 4), (4, width + 4))
+    width = payload.shape[1]
+    cols: list[tuple[np.dtype[Any], Any]] = [(_I4, width)]
+    if width:
+        cols.append((np.dtype(f"V{width}"), np.ascontiguousarray(payload).view(f"V{width}")[:, 0]))
+    return _Fields(cols, valid)
 
 
 def _all_null(arr: pa.Array) -> _Fields:
-    return _Fields(np.full((len(arr), 4), 0xFF, dtype=np.uint8))
+    return _Fields([(_I4, -1)])
 
 
 def _from_python(values: Sequence[bytes | None]) -> _Fields:
@@ -346,7 +448,8 @@ def _from_python(values: Sequence[bytes | None]) -> _Fields:
     lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
     lens = np.maximum(lengths, 0)
     data = np.frombuffer(b"".join(v for v in values if v), dtype=np.uint8)
-    return _Fields(_length_words(lengths), body=_Body(data, _exclusive_cumsum(lens)[:-1], lens))
+    body = _Body(data, _exclusive_cumsum(lens)[:-1], lens)
+    return _Fields([(_I4, lengths)], body=body)
 
 
 def _python(arr: pa.Array, one: Callable[[Any], bytes]) -> _Fields:
@@ -381,12 +484,13 @@ def _int_encoder(arrow: pa.DataType, oid: int) -> _Encode:
             if check and len(values):
                 lo, hi = values.min(), values.max()
                 if lo < info.min or hi > info.max:
-                    i = _first((values < info.min) | (values > info.max))
-                    raise _ValueProblem(
-                        i,
-                        f"{values[i]} is out of range for {label} ({info.min}..{info.max})",
-                    )
-            return _fixed(len(arr), valid, (be, values))
+                    i = _first_valid((values < info.min) | (values > info.max), valid)
+                    if i is not None:
+                        raise _ValueProblem(
+                            i,
+                            f"{values[i]} is out of range for {label} ({info.min}..{info.max})",
+                        )
+            return _fixed(valid, (be, values))
 
         return ints
     if oid in (FLOAT4, FLOAT8):
@@ -394,12 +498,14 @@ def _int_encoder(arrow: pa.DataType, oid: int) -> _Encode:
 
         def floats(arr: pa.Array) -> _Fields:
             values, valid = _values(arr, src)
-            return _fixed(len(arr), valid, (be, values))
+            return _fixed(valid, (be, values))
 
         return floats
 
     def numeric(arr: pa.Array) -> _Fields:
         values, valid = _values(arr, src)
+        if valid is not None:  # NULLs must have no digits
+            values = np.where(valid, values, 0).astype(values.dtype, copy=False)
         if src.kind == "u":
             mag = values.astype(np.uint64)
             neg = np.zeros(len(values), dtype=np.bool_)
@@ -424,10 +530,10 @@ def _float_encoder(arrow: pa.DataType, oid: int) -> _Encode:
             values, valid = _values(arr, src)
             if narrowing and len(values):
                 too_big = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
-                if too_big.any():
-                    i = _first(too_big)
+                i = _first_valid(too_big, valid)
+                if i is not None:
                     raise _ValueProblem(i, f"{values[i]!r} is out of range for real")
-            return _fixed(len(arr), valid, (be, values))
+            return _fixed(valid, (be, values))
 
         return floats
 
@@ -521,17 +627,14 @@ def _numeric_fields(neg: Arr, limbs: list[Arr], scale: int, valid: Arr | None) -
     keep = (byte_col >= first[:, None]) & (byte_col <= last[:, None]) & some[:, None]
     data = g.view(np.uint8).reshape(n, 2 * count)[keep]
     body = _Body(data, _exclusive_cumsum(blens)[:-1], blens)
-    dt = np.dtype([("n", ">i4"), ("nd", ">i2"), ("w", ">i2"), ("s", ">u2"), ("ds", ">i2")])
-    rec = np.empty(n, dtype=dt)
-    rec["n"] = 8 + blens if valid is None else np.where(valid, 8 + blens, -1)
-    rec["nd"] = ndigits
-    rec["w"] = weight
-    rec["s"] = sign
-    rec["ds"] = max(scale, 0)
-    mat = rec.view(np.uint8).reshape(n, 12)
-    if valid is None:
-        return _Fields(mat, body=body)
-    return _Fields(mat, np.where(valid, 12, 4), (4, 12), body)
+    cols: list[tuple[np.dtype[Any], Any]] = [
+        (_I4, 8 + blens),
+        (_I2, ndigits),
+        (_I2, weight),
+        (np.dtype(">u2"), sign),
+        (_I2, max(scale, 0)),
+    ]
+    return _Fields(cols, valid, body=body)
 
 
 def _decimal_encoder(arrow: pa.DataType, oid: int) -> _Encode:
@@ -566,7 +669,7 @@ def _bool_encoder(arrow: pa.DataType, oid: int) -> _Encode:
         n = len(arr)
         buf = arr.buffers()[1]
         values = np.zeros(n, np.bool_) if buf is None else _bits(buf, arr.offset, n)
-        return _fixed(n, _validity(arr), ("u1", values))
+        return _fixed(_validity(arr), ("u1", values))
 
     return booleans
 
@@ -577,15 +680,14 @@ def _date_encoder(arrow: pa.DataType, oid: int) -> _Encode:
     def dates(arr: pa.Array) -> _Fields:
         values, valid = _values(arr, np.int64 if is64 else np.int32)
         days = (values // 86_400_000 if is64 else values.astype(np.int64)) - _PG_EPOCH_DAYS
-        bad = (days < _MIN_DATE) | (days >= _END_DATE)
-        if bad.any():
-            i = _first(bad)
+        i = _first_valid((days < _MIN_DATE) | (days >= _END_DATE), valid)
+        if i is not None:
             raise _ValueProblem(
                 i,
                 f"date {values[i]} ({'ms' if is64 else 'days'} since 1970) is out of "
                 "PostgreSQL's date range",
             )
-        return _fixed(len(arr), valid, (">i4", days))
+        return _fixed(valid, (">i4", days))
 
     return dates
 
@@ -610,12 +712,12 @@ def _timestamp_encoder(arrow: pa.DataType, oid: int) -> _Encode:
         bad = us < _MIN_TS_UNIX_US
         if overflow is not None:
             bad |= overflow
-        if bad.any():
-            i = _first(bad)
+        i = _first_valid(bad, valid)
+        if i is not None:
             raise _ValueProblem(
                 i, f"timestamp {values[i]} ({unit} since 1970) is out of PostgreSQL's range"
             )
-        return _fixed(len(arr), valid, (">i8", us - _PG_EPOCH_US))
+        return _fixed(valid, (">i8", us - _PG_EPOCH_US))
 
     return timestamps
 
@@ -627,7 +729,7 @@ def _time_encoder(arrow: pa.DataType, oid: int) -> _Encode:
     def times(arr: pa.Array) -> _Fields:
         values, valid = _values(arr, dtype)
         us, _ = _to_us(values.astype(np.int64), unit)  # a time of day cannot overflow
-        return _fixed(len(arr), valid, (">i8", us))
+        return _fixed(valid, (">i8", us))
 
     return times
 
@@ -638,10 +740,10 @@ def _duration_encoder(arrow: pa.DataType, oid: int) -> _Encode:
     def intervals(arr: pa.Array) -> _Fields:
         values, valid = _values(arr, np.int64)
         us, overflow = _to_us(values, unit)
-        if overflow is not None:
-            i = _first(overflow)
+        i = None if overflow is None else _first_valid(overflow, valid)
+        if i is not None:
             raise _ValueProblem(i, f"duration {values[i]} {unit} is out of range for interval")
-        return _fixed(len(arr), valid, (">i8", us), (">i4", 0), (">i4", 0))
+        return _fixed(valid, (">i8", us), (">i4", 0), (">i4", 0))
 
     return intervals
 
@@ -674,18 +776,9 @@ def _bytes_encoder(head: bytes = b"") -> _Encode:
     def var(arr: pa.Array) -> _Fields:
         data, starts, lens, valid = _var_parts(arr)
         body = _Body(data, starts, lens)
-        size = lens + len(head)
-        if valid is not None:
-            size = np.where(valid, size, -1)
-        words = _length_words(size)
-        if not head:
-            return _Fields(words, body=body)
-        mat = np.empty((len(arr), 4 + len(head)), dtype=np.uint8)
-        mat[:, :4] = words
-        mat[:, 4:] = np.frombuffer(head, dtype=np.uint8)
-        if valid is None:
-            return _Fields(mat, body=body)
-        return _Fields(mat, np.where(valid, 4 + len(head), 4), (4, 4 + len(head)), body)
+        cols: list[tuple[np.dtype[Any], Any]] = [(_I4, lens + len(head))]
+        cols += [(_U1, byte) for byte in head]
+        return _Fields(cols, valid, body=body)
 
     return var
 
@@ -837,8 +930,7 @@ def _array_encoder(element: _Encode, element_oid: int) -> _Encode:
                 raise _ValueProblem(row, f"array element {at}: {p.problem}") from None
             sizes = np.broadcast_to(fields.sizes, (len(child),))
             where = _exclusive_cumsum(sizes)
-            buf = np.empty(int(where[-1]), dtype=np.uint8)
-            fields.place(buf, where[:-1])
+            buf = _assemble(len(child), [fields])
             src = where[begins]
             blens = where[ends] - src
             child_valid = _validity(child)
@@ -854,19 +946,8 @@ def _array_encoder(element: _Encode, element_oid: int) -> _Encode:
         nonempty = counts > 0
         word = np.where(nonempty, 20 + blens, 12)
         widths = np.where(nonempty, 24, 16)
-        if valid is not None:
-            word = np.where(valid, word, -1)
-            widths = np.where(valid, widths, 4)
-        dt = np.dtype([(f, ">i4") for f in ("n", "ndim", "flags", "oid", "dim", "lb")])
-        rec = np.empty(n, dtype=dt)
-        rec["n"] = word
-        rec["ndim"] = nonempty
-        rec["flags"] = has_null
-        rec["oid"] = element_oid
-        rec["dim"] = counts
-        rec["lb"] = 1
-        mat = rec.view(np.uint8).reshape(n, 24)
-        return _Fields(mat, widths, (4, 16, 24), _Body(buf, src, blens))
+        cols = [(_I4, v) for v in (word, nonempty, has_null, element_oid, counts, 1)]
+        return _Fields(cols, valid, widths, _Body(buf, src, blens))
 
     return arrays
 
@@ -1015,7 +1096,7 @@ class BinaryCopyEncoder:
 
     def __init__(self, columns: Sequence[_Column]) -> None:
         self._columns = list(columns)
-        self._count = len(columns).to_bytes(2, "big")
+        self._count = _Fields([(_I2, len(columns))])  # a tuple's field count
 
     @property
     def column_names(self) -> list[str]:
@@ -1052,24 +1133,7 @@ class BinaryCopyEncoder:
                     column=column.name,
                     row=p.index,
                 ) from None
-        row_size: Arr | int = 2
-        for part in parts:
-            row_size = row_size + part.sizes
-        count = np.frombuffer(self._count, dtype=np.uint8)
-        if isinstance(row_size, int) and all(p.body is None for p in parts):
-            # Every row has the same layout: just lay the matrices side by side.
-            mats = [np.broadcast_to(count, (n, 2))] + [p.mat for p in parts]
-            return np.hstack(mats).reshape(-1).data
-        sizes = np.broadcast_to(row_size, (n,))
-        starts = _exclusive_cumsum(sizes)
-        out = np.empty(int(starts[-1]), dtype=np.uint8)
-        pos = starts[:-1]
-        _scatter_rows(out, pos, np.broadcast_to(count, (n, 2)))
-        pos = pos + 2
-        for part in parts:
-            part.place(out, pos)
-            pos += part.sizes
-        return out.data
+        return _assemble(n, [self._count, *parts]).data
 
 
 def build_encoder(fields: Sequence[pa.Field], columns: Sequence[TargetColumn]) -> BinaryCopyEncoder:

@@ -150,11 +150,12 @@ def _load(
             conn.execute("SET LOCAL synchronous_commit = off")
         if upsert is not None and staging is not None:
             conn.execute(upsert.create_staging(staging, target.columns))
-            _copy(conn, staging, upsert.staging_columns(target.columns), _numbered(counted))
+            numbered = _numbered(_cut_mid_copy(counted, conn, task))
+            _copy(conn, staging, upsert.staging_columns(target.columns), numbered)
             for statement in upsert.apply(target.table, staging, target.columns):
                 conn.execute(statement)
         else:
-            _copy(conn, target.table, target.columns, counted)
+            _copy(conn, target.table, target.columns, _cut_mid_copy(counted, conn, task))
         if gid is None:
             conn.execute("COMMIT")
             return counted.rows
@@ -172,6 +173,7 @@ def _load(
                     gid=str(gid),
                 )
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
+        _unless_decided_without(conn, task, gid)
         return counted.rows
     except psycopg.Error as exc:
         _rollback_quietly(conn)
@@ -188,6 +190,30 @@ def _load(
         raise
 
 
+def _unless_decided_without(conn: Connection, task: TaskIdentity, gid: Gid) -> None:
+    """Roll back our own prepared transaction if the batch was decided without it.
+
+    A zombie attempt (the loser of a speculative pair, killed late, or a task of a run
+    that was declared dead) can prepare after its batch's decision. The commit's sweep
+    reads the prepared transactions after writing the decision: it either saw ours, or
+    our read here sees its decision. A decision cannot name us yet (our commit message
+    has not left this task), so a decision found here means: roll back, now, rather
+    than hold locks and VACUUM until some later commit sweeps it.
+    """
+    row = conn.execute(
+        "SELECT %s = ANY(gids) FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = %s",
+        (str(gid), task.sink_id, task.batch_id),
+    ).fetchone()
+    if row is None or row[0]:
+        return
+    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(str(gid))))
+    raise TransientError(
+        f"{task.where()}: batch {task.batch_id} was decided without this attempt "
+        f"(a late or speculative copy); its transaction {gid} is rolled back",
+        gid=str(gid),
+    )
+
+
 def _copy(
     conn: Connection,
     table: TableName,
@@ -200,6 +226,24 @@ def _copy(
         first = next(batches)
         encoder = build_encoder(list(first.schema), list(columns))
         write_batches(copy, encoder, itertools.chain([first], batches))
+
+
+def _cut_mid_copy(
+    batches: Iterator[pa.RecordBatch], conn: Connection, task: TaskIdentity
+) -> Iterator[pa.RecordBatch]:
+    """The batches unchanged; the ``mid_copy`` fault point once the first is sent."""
+    first = next(batches, None)
+    if first is None:
+        return
+    yield first
+    crash_point(
+        "mid_copy",
+        task.batch_id,
+        task.partition_id,
+        task.attempt_number,
+        session_pid=conn.info.backend_pid,
+    )
+    yield from batches
 
 
 def _numbered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -242,7 +286,7 @@ def _write_error(
         parts.append(f"column {column!r}")
     parts.append(f"server says: {message}")
     if diag.message_detail:
-        parts.append(scrub(diag.message_detail, options.url, options.password))
+        parts.append(scrub(diag.message_detail, options.url, options.password).rstrip("."))
     fix = _fix_for(diag.sqlstate)
     text = "; ".join(parts) + f". Nothing of batch {task.batch_id} is visible. {fix}"
     if isinstance(exc, psycopg.OperationalError) or diag.sqlstate in ("40001", "40P01", "55P03"):

@@ -202,7 +202,16 @@ def confirm_lost(conn: Connection, candidates: Collection[str]) -> set[str]:
         return set()
     prepared = still_prepared(conn, candidates)
     rest = set(candidates) - prepared
-    return rest - visible_markers(conn, rest)
+    rest -= visible_markers(conn, rest)
+    if not rest:
+        return set()
+    # a batch completed meanwhile has had its markers pruned: its gids were committed
+    rows = conn.execute(
+        "SELECT g FROM sqlsink.decisions d, unnest(d.gids) AS g "
+        "WHERE g = ANY(%s) AND d.completed_at IS NOT NULL",
+        (list(rest),),
+    ).fetchall()
+    return rest - {str(r[0]) for r in rows}
 
 
 # -- who is live --------------------------------------------------------------------------
@@ -466,7 +475,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
         needed = {
             "sqlsink.sinks": "SELECT,INSERT,UPDATE",
             "sqlsink.decisions": "SELECT,INSERT,UPDATE",
-            "sqlsink.markers": "SELECT,INSERT",
+            "sqlsink.markers": "SELECT,INSERT,DELETE",
             "sqlsink.schema_version": "SELECT",
         }
         missing = []

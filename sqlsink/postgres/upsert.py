@@ -1,9 +1,14 @@
 """Upsert inside a partition's prepared transaction.
 
 A transaction that touched a temporary table cannot be prepared, so the rows go
-to an UNLOGGED staging table created and dropped inside the transaction (never
-visible to anyone else), with an ordinal column: the last row of a key in the
-batch wins. Then, in the same transaction:
+to a staging table created and dropped inside the transaction (never visible to
+anyone else), with an ordinal column: the last row of a key in the batch wins.
+The staging table is an ordinary, WAL-logged one, not UNLOGGED: with an UNLOGGED
+staging table in a transaction that was prepared when the server crashed,
+PostgreSQL 16.2's crash recovery failed while resetting unlogged relations
+("could not create file …: File exists") and the server would not start (seen
+in tests/chaos). Logging the staged rows costs WAL; a server that cannot restart
+costs more. Then, in the same transaction:
 
     DELETE FROM target USING (last row per key) WHERE its delete flag is set
     INSERT INTO target SELECT last row per key WHERE not deleted
@@ -41,7 +46,7 @@ class UpsertPlan:
             sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type_name))
             for c in self.staging_columns(columns)
         )
-        return sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(staging.identifier(), definitions)
+        return sql.SQL("CREATE TABLE {} ({})").format(staging.identifier(), definitions)
 
     def apply(
         self, target: TableName, staging: TableName, columns: tuple[TargetColumn, ...]

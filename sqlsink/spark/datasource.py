@@ -69,8 +69,7 @@ class SqlsinkDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         options = SinkOptions.parse(dict(self.options))
         sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-        target = _plan_target(options, schema, sink_id)
-        return SqlsinkStreamWriter(options, target, sink_id)
+        return SqlsinkStreamWriter(options, schema, sink_id)
 
 
 def _plan_target(options: SinkOptions, schema: StructType, sink_id: str | None) -> TargetPlan:
@@ -192,6 +191,30 @@ class _SinkWriter:
 
 
 class SqlsinkStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
+    """Plans the target when it is pickled for the tasks, not when it is made.
+
+    Spark builds a stream writer on the driver before every batch, pickles it for
+    the tasks, and builds another one in every commit/abort worker, where the plan
+    is not needed: planning (checks, schema, target, ~20 ms) happens once per batch.
+    An error there still stops the batch before any task runs.
+    """
+
+    def __init__(self, options: SinkOptions, schema: StructType, sink_id: str | None) -> None:
+        self.schema = schema
+        self._target: TargetPlan | None = None
+        self.options = options
+        self.sink_id = sink_id
+
+    @property
+    def target(self) -> TargetPlan:  # type: ignore[override]
+        if self._target is None:
+            self._target = _plan_target(self.options, self.schema, self.sink_id)
+        return self._target
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.target  # noqa: B018 -- plan before the writer leaves the driver
+        return dict(self.__dict__)
+
     def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
         from pyspark import TaskContext
 

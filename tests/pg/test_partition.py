@@ -1,0 +1,71 @@
+"""A partition's transaction, driven directly (no Spark): the zombie-attempt rule."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from sqlsink.core.faults import ENV as FAULTS_ENV
+from sqlsink.errors import TransientError
+from sqlsink.options import SinkOptions
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.partition import TaskIdentity, write_partition
+from sqlsink.postgres.schema import ensure_schema
+from sqlsink.postgres.target import plan_target
+from tests.fix_pg import PgServer, prepared_transactions
+
+
+def task(sink: str, attempt: int) -> TaskIdentity:
+    return TaskIdentity(sink, 3, 0, "run1", attempt, attempt, query_id=None)
+
+
+def rows(ids: range) -> list[pa.RecordBatch]:
+    return [pa.RecordBatch.from_pydict({"id": pa.array(list(ids), pa.int64())})]
+
+
+def test_an_attempt_that_prepares_after_its_batch_was_decided_rolls_itself_back(
+    pg_url: str,
+    pg_server: PgServer,
+    table: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A late or speculative copy must not stay prepared until some later commit sweeps it."""
+    sink = f"z-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        ensure_schema(conn)  # type: ignore[arg-type]
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table)))
+        options = SinkOptions.parse({"url": pg_url, "table": table, "sinkId": sink})
+        target = plan_target(conn, options, ["id"], None)  # type: ignore[arg-type]
+        # the winner (attempt 1) wrote and the batch is decided while the loser is in its COPY
+        winner = write_partition(options, target, task(sink, 1), rows(range(5)))
+        faults = tmp_path / "faults.json"
+        sleep = {"point": "mid_copy", "batch": 3, "attempt": 0, "action": "sleep", "seconds": 2}
+        faults.write_text(json.dumps([sleep]))
+        monkeypatch.setenv(FAULTS_ENV, str(faults))
+
+        def decide_meanwhile() -> None:
+            time.sleep(0.5)
+            with psycopg.connect(pg_url, autocommit=True) as other:
+                backend = PostgresBackend(other)  # type: ignore[arg-type]
+                assert winner.gid is not None
+                backend.insert_decision(sink, 3, [winner.gid], 5, None, "run1")
+                backend.commit_prepared(winner.gid)
+
+        decider = threading.Thread(target=decide_meanwhile)
+        decider.start()
+        with pytest.raises(TransientError, match="decided without this attempt"):
+            write_partition(options, target, task(sink, 0), rows(range(100, 105)))
+        decider.join()
+        assert (faults.parent / "faults.json.fired").exists()  # the loser really was late
+        assert prepared_transactions(pg_server.admin_url) == []
+        ids = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))
+        assert [r[0] for r in ids] == [0, 1, 2, 3, 4]
