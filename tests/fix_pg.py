@@ -7,6 +7,7 @@ server (``sqlsink.postgres.embedded``) started here with max_prepared_transactio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,12 +34,25 @@ class PgServer:
     def crash_and_restart(self) -> None:
         """Stop the server the way a crash does (-m immediate) and start it again."""
         if self.embedded is None:
-            pytest.fail("this test needs the embedded server (unset SQLSINK_TEST_URL)")
+            pytest.fail("only a server this run started can be crashed: use own_server")
         self.embedded.stop("immediate")
         self.embedded.start()
 
     def db_url(self, dbname: str) -> str:
         return psycopg.conninfo.make_conninfo(self.admin_url, dbname=dbname)
+
+    @contextlib.contextmanager
+    def database(self, prefix: str) -> Iterator[str]:
+        """A new, empty database, dropped afterwards; its URL. For tests that read the
+        whole commit log (every sink of a database): other tests' sinks stay out of it."""
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield self.db_url(name)
+        finally:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _docker_answers() -> bool:
@@ -74,6 +88,25 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
             _create_database(admin, TEST_DB)
             yield PgServer(admin, psycopg.conninfo.make_conninfo(admin, dbname=TEST_DB))
         return
+    with _embedded_server(tmp_path_factory) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def own_server(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """A server this run started itself: it can be crashed (``crash_and_restart``) and it
+    trusts local clients (any password). The session's server when it is embedded, else
+    (``SQLSINK_TEST_URL``, testcontainers) a second, embedded one: tests that need these
+    powers run everywhere instead of being skipped."""
+    if pg_server.embedded is not None:
+        yield pg_server
+        return
+    with _embedded_server(tmp_path_factory) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     embedded = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), settings=SERVER_SETTINGS)
     embedded.start()
     try:
@@ -101,6 +134,19 @@ def table(pg_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(pg_url, autocommit=True) as conn:  # the server may have restarted
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("public", name)))
+
+
+def forget_sink(url: str, sink_id: str) -> None:
+    """Remove a sink's commit log (tests that leave data loss on purpose clean it up,
+    so commands that read every sink of the database see only what they made)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in ("markers", "decisions", "sinks"):
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(
+                    sql.Identifier("sqlsink", name)
+                ),
+                (sink_id,),
+            )
 
 
 def prepared_transactions(url: str) -> list[tuple[str, str]]:

@@ -27,6 +27,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="rounds of tests/chaos (each drains a source through repeated crashes)",
     )
     parser.addoption("--chaos-seed", type=int, default=None, help="seed of the chaos runs")
+    parser.addoption(
+        "--soak-batches",
+        type=int,
+        default=25,
+        help="micro-batches of tests/spark/test_soak.py (a long run: 500)",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -20,14 +20,16 @@ from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import CommitError, DataLossError, SinkBindingError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
-from tests.fix_pg import PgServer, prepared_transactions
+from tests.fix_pg import PgServer, forget_sink, prepared_transactions
 
 RUN = "run-1"
 
 
 @pytest.fixture
-def sink_id() -> str:
-    return f"s-{uuid.uuid4().hex[:8]}"
+def sink_id(pg_url: str) -> Iterator[str]:
+    sink = f"s-{uuid.uuid4().hex[:8]}"
+    yield sink
+    forget_sink(pg_url, sink)
 
 
 @pytest.fixture

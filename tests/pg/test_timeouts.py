@@ -14,6 +14,7 @@ from sqlsink.core.committer import Committer, TimeoutPolicy
 from sqlsink.errors import DataLossError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
+from tests.fix_pg import forget_sink
 from tests.pg.test_committer import RUN, prepare
 
 POLICY = TimeoutPolicy(timeout_s=100, warning_ratio=0.8)
@@ -28,7 +29,9 @@ def setup(
         conn.execute(
             sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY)").format(sql.Identifier(table))
         )
-        yield f"s-{uuid.uuid4().hex[:8]}", table, conn
+        sink = f"s-{uuid.uuid4().hex[:8]}"
+        yield sink, table, conn
+    forget_sink(pg_url, sink)
 
 
 def server_time(conn: psycopg.Connection[tuple[object, ...]]) -> float:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ def write_source(directory: Path, batches: Sequence[Iterable[int]]) -> None:
         path = directory / f"part-{number:05d}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        _in_order(tmp, number)
         tmp.rename(path)
 
 
@@ -40,6 +44,14 @@ def write_records(directory: Path, batches: Sequence[Sequence[dict[str, Any]]]) 
     for number, records in enumerate(batches):
         path = directory / f"part-{number:05d}.json"
         path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        _in_order(path, number)
+
+
+def _in_order(path: Path, number: int) -> None:
+    """Spark's file source takes files in modification-time order, and files written in
+    one go may share a (coarse) timestamp: give file N a later one than file N-1."""
+    stamp = time.time_ns() + number * 1_000_000
+    os.utime(path, ns=(stamp, stamp))
 
 
 def start_query(
@@ -93,3 +105,139 @@ def decided_batches(url: str, sink_id: str) -> dict[int, bool]:
 
 def query_id(checkpoint: Path) -> str:
     return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
+
+
+# -- for tests/spark/test_soak.py and test_secrets.py: one more file, processes, sessions --
+
+
+def add_source_file(directory: Path, number: int, ids: Iterable[int]) -> None:
+    """File ``number`` of a source (as ``write_source`` writes them), appearing at once."""
+    staging = directory.parent / f".staging-{directory.name}-{number}"
+    write_source(staging, [ids])
+    directory.mkdir(parents=True, exist_ok=True)
+    (staging / "part-00000.json").rename(directory / f"part-{number:05d}.json")
+    staging.rmdir()
+
+
+def _parent_pids() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def python_workers(jvm_pid: int) -> dict[int, str]:
+    """Spark's Python worker processes (daemons and their forks) under a JVM: pid -> cmdline."""
+    parents = _parent_pids()
+    found: dict[int, str] = {}
+    frontier = {jvm_pid}
+    while frontier:
+        children = {p for p, parent in parents.items() if parent in frontier}
+        frontier = set()
+        for pid in children:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+                found[pid] = cmdline.strip()
+            frontier.add(pid)
+    return found
+
+
+MONITOR = "tests activity monitor"  # the application_name of ActivityMonitor's sessions
+_ACTIVITY = """
+SELECT application_name, query, application_name LIKE 'sqlsink%%'
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND application_name <> %s
+"""
+
+
+class ActivityMonitor:
+    """Samples the test database's sessions and prepared transactions in the background.
+
+    Everything seen (application names, statements, gids) is kept for greps; ``peak()``
+    gives the most sink sessions (application_name 'sqlsink...') and most other sessions
+    seen since the last call. Its own sessions are named ``MONITOR`` and never counted.
+    """
+
+    def __init__(self, url: str, interval: float = 0.05) -> None:
+        self.url = url
+        self.interval = interval
+        self.application_names: set[str] = set()
+        self.statements: set[str] = set()
+        self.gids: set[str] = set()
+        self.samples = 0
+        self._peak = (0, 0)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="activity-monitor", daemon=True)
+
+    def __enter__(self) -> ActivityMonitor:
+        self._conn = psycopg.connect(self.url, autocommit=True, application_name=MONITOR)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._conn.close()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True, application_name=MONITOR) as conn:
+            while not self._stop.is_set():
+                self._sample(conn)
+                self._stop.wait(self.interval)
+
+    def _sample(self, conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, int]:
+        sessions = conn.execute(_ACTIVITY, (MONITOR,)).fetchall()
+        gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()]
+        sink = sum(1 for _, _, ours in sessions if ours)
+        with self._lock:
+            self.samples += 1
+            self.application_names.update(str(name) for name, _, _ in sessions)
+            self.statements.update(str(query) for _, query, _ in sessions)
+            self.gids.update(gids)
+            self._peak = (max(self._peak[0], sink), max(self._peak[1], len(sessions) - sink))
+        return sink, len(sessions) - sink
+
+    def now(self) -> tuple[int, int]:
+        """(sink sessions, other sessions) of the test database at this moment."""
+        with self._lock:  # psycopg connections are not for two threads at once
+            return self._sample(self._conn)
+
+    def peak(self) -> tuple[int, int]:
+        """(most sink sessions, most other sessions) seen since the last call."""
+        with self._lock:
+            peak, self._peak = self._peak, (0, 0)
+        return peak
+
+    def settle(self, others: int, timeout: float = 5.0) -> tuple[int, int, float]:
+        """Wait until no sink session is left and ``others`` other sessions remain (a
+        closed session's server process needs a moment to leave pg_stat_activity);
+        (sink sessions, other sessions, seconds waited) at the end."""
+        start = time.monotonic()
+        while True:
+            sink, other = self.now()
+            waited = time.monotonic() - start
+            if (sink == 0 and other <= others) or waited > timeout:
+                return sink, other, waited
+            time.sleep(0.02)

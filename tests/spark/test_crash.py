@@ -68,8 +68,9 @@ def finish_and_check(spark: Any, tmp_path: Path, url: str, table: str, server: P
 
 
 def test_driver_killed_before_the_decision_then_postgres_crash(
-    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+    spark: Any, tmp_path: Path, table: str, own_server: PgServer
 ) -> None:
+    pg_server, pg_url = own_server, own_server.url  # a server this run may crash
     write_source(tmp_path / "src", BATCHES)
     kill_driver_at("before_decision", 1, tmp_path, pg_url, table)
     left = sink_prepared(pg_server)
@@ -81,8 +82,9 @@ def test_driver_killed_before_the_decision_then_postgres_crash(
 
 
 def test_driver_killed_mid_commit_then_postgres_crash(
-    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+    spark: Any, tmp_path: Path, table: str, own_server: PgServer
 ) -> None:
+    pg_server, pg_url = own_server, own_server.url  # a server this run may crash
     write_source(tmp_path / "src", BATCHES)
     kill_driver_at("mid_commit", 1, tmp_path, pg_url, table)
     sink_id = query_id(tmp_path / "chk")
@@ -128,3 +130,42 @@ def test_driver_killed_after_commit_before_spark_commit_log(
     assert table_ids(pg_url, table) == list(range(70))
     assert not (tmp_path / "chk" / "commits" / "1").exists()  # Spark will re-run batch 1
     finish_and_check(spark, tmp_path, pg_url, table, pg_server)
+
+
+def test_session_terminated_mid_copy_the_task_is_retried(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, faults: Any, pg_server: PgServer
+) -> None:
+    """pg_terminate_backend of a partition's session while its COPY is under way."""
+    write_source(tmp_path / "src", BATCHES)
+    cut = {"point": "mid_copy", "batch": 1, "partition": 0, "attempt": 0}
+    faults([{**cut, "action": "terminate", "url": pg_server.admin_url}])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", opts(pg_url, table))
+    assert [(f["point"], f["batch"], f["partition"]) for f in faults.fired()] == [
+        ("mid_copy", 1, 0)
+    ]
+    assert table_ids(pg_url, table) == list(range(100))
+    assert sink_prepared(pg_server) == []
+    assert decided_batches(pg_url, query_id(tmp_path / "chk")) == {0: True, 1: True, 2: True}
+
+
+def test_session_terminated_mid_commit_the_restart_completes_the_batch(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, faults: Any, pg_server: PgServer
+) -> None:
+    """pg_terminate_backend of the committer's session between two COMMIT PREPAREDs."""
+    write_source(tmp_path / "src", BATCHES)
+    cut = {"point": "mid_commit", "batch": 1, "once": True}
+    faults([{**cut, "action": "terminate", "url": pg_server.admin_url}])
+    with pytest.raises(Exception, match="terminating connection"):
+        run_query(spark, tmp_path / "src", tmp_path / "chk", opts(pg_url, table))
+    assert [f["point"] for f in faults.fired()] == ["mid_commit"]
+    # batch 1 was decided before the cut: Spark's abort() rolled it forward, in full
+    assert decided_batches(pg_url, query_id(tmp_path / "chk")) == {0: True, 1: True}
+    assert sink_prepared(pg_server) == []
+    assert table_ids(pg_url, table) == list(range(70))
+    assert not (tmp_path / "chk" / "commits" / "1").exists()  # Spark runs batch 1 again
+    faults([])
+    finish_and_check(spark, tmp_path, pg_url, table, pg_server)
+
+
+def opts(url: str, table: str) -> dict[str, str]:
+    return {"url": url, "table": table, "createTable": "true"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def fresh_db(pg_server: PgServer) -> Iterator[str]:
     """A database of its own (no sqlsink schema yet); its admin URL."""
-    name = f"sec_{uuid.uuid4().hex[:8]}"
+    with pg_server.database("sec") as url:
+        yield url
     with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield pg_server.db_url(name)
-    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
         for role in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'sec\\_%%'"):
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(str(role[0]))))
 
