@@ -56,6 +56,12 @@ def ratios(throughput: list[dict[str, Any]]) -> dict[str, float]:
     ):
         if method in rate:
             out[name] = exactly / rate[method]
+    upsert, ceiling = (
+        rate.get("sqlsink exactly_once, upsert"),
+        rate.get("ceiling: binary COPY, 1 process"),
+    )
+    if upsert is not None and ceiling is not None:
+        out["upsert_vs_ceiling"] = upsert / ceiling
     return out
 
 
@@ -89,6 +95,22 @@ def print_throughput(rows: list[dict[str, Any]], ratio: dict[str, float]) -> Non
         )
     for name, value in ratio.items():
         print(f"  {name:<34} {value:.2f}")
+    print()
+    print_cpu(rows)
+
+
+def print_cpu(rows: list[dict[str, Any]]) -> None:
+    """CPU seconds per process group in each method's median run, and how busy the cores were."""
+    groups = ("driver", "jvm", "python_workers", "postgres", "rest", "machine_total")
+    heads = ("driver", "JVM", "py workers", "PostgreSQL", "rest", "total", "busy")
+    print("CPU seconds of the median run (rest = anything else running on the machine)")
+    print(f"{'':<36}" + "".join(f"{h:>11}" for h in heads))
+    cores = os.cpu_count() or 1
+    for t in rows:
+        cpu = t.get("cpu_s_of_median_run", {})
+        cells = "".join(f"{cpu.get(g, 0.0):>11.2f}" for g in groups)
+        busy = cpu.get("machine_total", 0.0) / (cores * t["median_s"])
+        print(f"{t['method']:<36}{cells}{busy:>10.0%}")
     print()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from cpu import watch_postgres
 from psycopg.conninfo import conninfo_to_dict
 from workload import TABLE_DDL
 
@@ -33,6 +34,7 @@ def postgres(url: str | None, base_dir: Path) -> Iterator[str]:
 
     server = EmbeddedPostgres(base_dir, settings=SERVER_SETTINGS)
     server.start()
+    watch_postgres(int((server.data_dir / "postmaster.pid").read_text().split()[0]))
     try:
         yield server.url()
     finally:

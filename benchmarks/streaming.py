@@ -70,8 +70,8 @@ class Sink:
     options: dict[str, str]
 
     @classmethod
-    def sqlsink(cls, url: str, table: str, semantic: str) -> Sink:
-        return cls("sqlsink", {"url": url, "table": table, "semantic": semantic})
+    def sqlsink(cls, url: str, table: str, semantic: str, mode: str = "append") -> Sink:
+        return cls("sqlsink", {"url": url, "table": table, "semantic": semantic, "mode": mode})
 
     @classmethod
     def noop(cls) -> Sink:

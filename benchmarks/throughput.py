@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from cpu import CpuMeter
 from server import TABLE, check_rows, jdbc_target, reset_table
 from streaming import Sink, read_stream, run_available_now
 from workload import COPY_TYPES, SPARK_SCHEMA, Dataset, load_tuples
@@ -23,23 +24,43 @@ SEMANTICS = ("none", "at_least_once", "exactly_once")
 CEILING = "ceiling: binary COPY, 1 process"
 
 
+Timing = tuple[float, dict[str, float]]  # seconds, CPU seconds per process group
+
+
+def timed(work: Callable[[], float | None]) -> Timing:
+    """Run ``work``; its time (its own if it returns one, else the wall time) and CPU split."""
+    with CpuMeter() as cpu:
+        started = time.perf_counter()
+        own = work()
+        seconds = time.perf_counter() - started if own is None else own
+    assert cpu.split is not None
+    return seconds, cpu.split
+
+
 @dataclass
 class Method:
     """One way to load the rows; ``run`` loads them once into the emptied table, timed."""
 
     name: str
-    run: Callable[[], float]
+    run: Callable[[], Timing]
     notes: str = ""
+    prepare: Callable[[], None] | None = None  # not timed; the default empties the table
     seconds: list[float] = field(default_factory=list)
+    cpu: list[dict[str, float]] = field(default_factory=list)
 
     def as_dict(self, rows: int) -> dict[str, Any]:
         median = statistics.median(self.seconds)
+        middle = sorted(range(len(self.seconds)), key=self.seconds.__getitem__)[
+            (len(self.seconds) - 1) // 2
+        ]
         return {
             "method": self.name,
             "rows": rows,
             "seconds": self.seconds,
             "median_s": median,
             "rows_per_s": rows / median,
+            "cpu_s_of_median_run": self.cpu[middle],
+            "cpu_s": self.cpu,
             "notes": self.notes,
         }
 
@@ -48,12 +69,10 @@ def copy_ceiling(url: str, dataset: Dataset) -> Method:
     """One Python process, one binary COPY with psycopg's write_row over pre-built tuples."""
     rows = load_tuples(dataset)  # not timed
 
-    def run() -> float:
-        started = time.perf_counter()
-        copy_tuples(url, rows)
-        seconds = time.perf_counter() - started
+    def run() -> Timing:
+        timing = timed(lambda: copy_tuples(url, rows))
         check_rows(url, dataset.rows, "binary COPY")
-        return seconds
+        return timing
 
     return Method(CEILING, run, "psycopg copy.write_row, tuples built beforehand")
 
@@ -76,12 +95,10 @@ def jdbc_writer(spark: Any, url: str, dataset: Dataset, *, rewrite: bool) -> Met
     frame = spark.read.schema(SPARK_SCHEMA).parquet(str(dataset.path))
     options = {"url": jdbc_url, "dbtable": TABLE, "driver": "org.postgresql.Driver", **props}
 
-    def run() -> float:
-        started = time.perf_counter()
-        frame.write.format("jdbc").mode("append").options(**options).save()
-        seconds = time.perf_counter() - started
+    def run() -> Timing:
+        timing = timed(frame.write.format("jdbc").mode("append").options(**options).save)
         check_rows(url, dataset.rows, "JDBC")
-        return seconds
+        return timing
 
     name = "Spark JDBC, reWriteBatchedInserts" if rewrite else "Spark JDBC, defaults"
     return Method(name, run, f"batch read, {frame.rdd.getNumPartitions()} partitions")
@@ -92,15 +109,45 @@ def streaming_query(
 ) -> Method:
     """readStream of the Parquet directory, trigger(availableNow=True), a fresh checkpoint."""
 
-    def run() -> float:
-        result = run_available_now(read_stream(spark, dataset.path), sink, checkpoints)
+    def run() -> Timing:
+        frame = read_stream(spark, dataset.path)
+        timing = timed(lambda: run_available_now(frame, sink, checkpoints).seconds)
         if sink.format == "sqlsink":
             check_rows(url, dataset.rows, f"sqlsink {sink.options['semantic']}")
-        return result.seconds
+        return timing
 
     if sink.format == "noop":
         return Method("Spark floor: noop sink", run, "the same streaming query")
     return Method(f"sqlsink {sink.options['semantic']}", run, "streaming, availableNow")
+
+
+UPSERT = "sqlsink exactly_once, upsert"
+
+
+def upsert_query(url: str, dataset: Dataset, spark: Any, checkpoints: Path) -> Method:
+    """mode=upsert into a table pre-filled with every other row (n = -1): half the rows
+    update a row, half insert one."""
+    half = load_tuples(dataset)[::2]  # not timed
+    stale = [(i, ts, -1, x, s) for i, ts, _, x, s in half]
+    sink = Sink.sqlsink(url, TABLE, "exactly_once", mode="upsert")
+    timed_query = streaming_query(spark, url, dataset, sink, checkpoints)
+
+    def prefill() -> None:
+        reset_table(url)
+        copy_tuples(url, stale)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"VACUUM ANALYZE {TABLE}")
+
+    def run() -> Timing:
+        timing = timed_query.run()
+        with psycopg.connect(url) as conn:
+            row = conn.execute(f"SELECT count(*) FILTER (WHERE n = -1) FROM {TABLE}").fetchone()
+        if row is None or row[0] != 0:
+            raise AssertionError(f"upsert left {row} stale rows")
+        return timing
+
+    notes = f"{len(half):,} of the rows pre-filled (updated), the rest inserted"
+    return Method(UPSERT, run, notes, prepare=prefill)
 
 
 def methods(spark: Any, url: str, dataset: Dataset, checkpoints: Path, jdbc: bool) -> list[Method]:
@@ -109,6 +156,7 @@ def methods(spark: Any, url: str, dataset: Dataset, checkpoints: Path, jdbc: boo
         found += [jdbc_writer(spark, url, dataset, rewrite=r) for r in (False, True)]
     sinks = [Sink.sqlsink(url, TABLE, s) for s in SEMANTICS] + [Sink.noop()]
     found += [streaming_query(spark, url, dataset, sink, checkpoints) for sink in sinks]
+    found.append(upsert_query(url, dataset, spark, checkpoints))
     return found
 
 
@@ -121,9 +169,10 @@ def run_rounds(
         for method in found:
             if method.name in failed:
                 continue
-            reset_table(url)
-            seconds = attempt(f"{method.name} (round {round_number}/{repeat})", method.run)
-            if seconds is None:
+            (method.prepare or (lambda: reset_table(url)))()
+            timing = attempt(f"{method.name} (round {round_number}/{repeat})", method.run)
+            if timing is None:
                 failed.add(method.name)
             else:
-                method.seconds.append(seconds)
+                method.seconds.append(timing[0])
+                method.cpu.append(timing[1])

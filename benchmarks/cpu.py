@@ -1,0 +1,94 @@
+"""Where the CPU goes during a run: this driver, the JVM, Spark's Python workers, the rest.
+
+CPU seconds (user + system) of this process and of its descendants, by group, taken before
+and after a run. PostgreSQL (the embedded server) is read from its postmaster: the
+postmaster's own time, its live children's, and the time of the children it has reaped
+(``children_user``/``children_system``: a backend that ended with its connection is counted
+there), so every backend is counted whether it outlived the run or not. "rest" is the
+machine's busy time minus all of those: anything else running on the machine (with
+``--url``, the server's backends too). On 2 cores a run of w seconds has 2·w CPU seconds
+to spend.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import psutil
+
+_postmaster: list[int] = []  # the embedded server's postmaster, when the benchmark runs one
+
+
+def watch_postgres(pid: int) -> None:
+    _postmaster[:] = [pid]
+
+
+def postgres_s() -> float | None:
+    """CPU seconds the server's processes have used so far (None when not watched)."""
+    if not _postmaster:
+        return None
+    try:
+        root = psutil.Process(_postmaster[0])
+        times = root.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for child in root.children():
+            try:
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+            except psutil.Error:
+                continue  # it ended just now: its time is in children_* next time
+        return float(total)
+    except psutil.Error:
+        return None
+
+
+def group_of(process: psutil.Process) -> str:
+    if process.pid == psutil.Process().pid:
+        return "driver"
+    name = process.name()
+    if name == "java":
+        return "jvm"
+    return "python_workers" if name.startswith("python") else "other_children"
+
+
+def machine_busy_s() -> float:
+    times = psutil.cpu_times()
+    return float(times.user + times.nice + times.system + times.irq + times.softirq)
+
+
+def snapshot() -> tuple[float, dict[int, tuple[str, float]], float | None]:
+    """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's) now."""
+    processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    seen = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            seen[process.pid] = (group_of(process), times.user + times.system)
+        except psutil.Error:
+            continue
+    return machine_busy_s(), seen, postgres_s()
+
+
+@dataclass
+class CpuMeter:
+    """``with CpuMeter() as cpu: ...`` then ``cpu.split`` is CPU seconds per group."""
+
+    split: dict[str, float] | None = None
+
+    def __enter__(self) -> CpuMeter:
+        self._before = snapshot()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy_before, before, pg_before = self._before
+        busy_after, after, pg_after = snapshot()
+        groups: Counter[str] = Counter()
+        for pid, (group, seconds) in after.items():
+            groups[group] += seconds - before.get(pid, (group, 0.0))[1]
+        total = busy_after - busy_before
+        if pg_before is not None and pg_after is not None:
+            groups["postgres"] = pg_after - pg_before
+        self.split = {name: round(seconds, 2) for name, seconds in sorted(groups.items())}
+        self.split["rest"] = round(max(0.0, total - sum(groups.values())), 2)
+        self.split["machine_total"] = round(total, 2)
