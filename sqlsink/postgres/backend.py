@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,16 @@ from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
-_warned_markers: list[bool] = []
+
+
+@functools.cache
+def warn_markers_kept() -> None:
+    """Once per process: every later batch would say the same."""
+    log.warning(
+        "sqlsink: this role may not DELETE FROM sqlsink.markers, so the markers "
+        "of complete batches are kept (harmless, but the table grows): "
+        "GRANT DELETE ON sqlsink.markers TO the sink's role"
+    )
 
 
 def lock_key(sink_id: str | None) -> str:
@@ -187,10 +197,4 @@ class PostgresBackend:
                 (sink_id, [row[0] for row in done]),
             )
         except psycopg.errors.InsufficientPrivilege:
-            if not _warned_markers:
-                _warned_markers.append(True)
-                log.warning(
-                    "sqlsink: this role may not DELETE FROM sqlsink.markers, so the markers "
-                    "of complete batches are kept (harmless, but the table grows): "
-                    "GRANT DELETE ON sqlsink.markers TO the sink's role"
-                )
+            warn_markers_kept()

@@ -7,6 +7,7 @@ up exactly; the Spark tests prove the same windows end to end.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import CommitError, DataLossError, SinkBindingError
+from sqlsink.postgres import backend
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, forget_sink, prepared_transactions
@@ -105,6 +107,67 @@ def test_batches_prepared_then_committed_in_order(
         assert sorted(report.committed) == sorted(o.gid for o in outcomes if o.gid)
         assert report.completed_batches == [batch]
     assert ids_in(pg_conn, target) == list(range(30))
+
+
+def markers_of(conn: psycopg.Connection[tuple[object, ...]], sink_id: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT batch_id FROM sqlsink.markers WHERE sink_id = %s ORDER BY batch_id", (sink_id,)
+    )
+    return [int(str(r[0])) for r in rows]
+
+
+def test_markers_go_when_a_batch_completes_and_stay_with_a_warning_without_delete(
+    pg_url: str,
+    pg_conn: psycopg.Connection[tuple[object, ...]],
+    target: str,
+    sink_id: str,
+    committer: Committer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outcomes = [prepare(pg_url, target, sink_id, 0, p, range(p * 5, p * 5 + 5)) for p in range(2)]
+    committer.commit_batch(0, outcomes, query_id="q1", run_id=RUN)
+    assert markers_of(pg_conn, sink_id) == []  # the commit log grows by the decision only
+
+    # a role that may write the commit log but not DELETE from it keeps the markers
+    role = f"nodel_{uuid.uuid4().hex[:6]}"
+    pg_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for grant in (
+            "GRANT USAGE ON SCHEMA sqlsink TO {}",
+            "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA sqlsink TO {}",
+            "GRANT SELECT, INSERT ON {} TO {}",
+        ):
+            names = [sql.Identifier(target)] if grant.count("{}") == 2 else []
+            pg_conn.execute(sql.SQL(grant).format(*names, sql.Identifier(role)))
+        as_role = psycopg.conninfo.make_conninfo(pg_url, user=role)
+        backend.warn_markers_kept.cache_clear()
+        with (
+            psycopg.connect(as_role, autocommit=True) as conn,
+            caplog.at_level(logging.WARNING, logger="sqlsink"),
+        ):
+            limited = Committer(PostgresBackend(conn), sink_id)
+            for batch in (1, 2):
+                mine = [
+                    prepare(
+                        as_role,
+                        target,
+                        sink_id,
+                        batch,
+                        p,
+                        range(batch * 10 + p, batch * 10 + p + 1),
+                    )
+                    for p in range(2)
+                ]
+                report = limited.commit_batch(batch, mine, query_id="q1", run_id=RUN)
+                assert report.completed_batches == [batch]
+        assert markers_of(pg_conn, sink_id) == [1, 1, 2, 2]
+        warnings = [r.getMessage() for r in caplog.records if "sqlsink.markers" in r.getMessage()]
+        assert len(warnings) == 1, warnings  # once, not once per batch
+        assert "GRANT DELETE ON sqlsink.markers" in warnings[0]
+        assert ids_in(pg_conn, target) == [*range(10), 10, 11, 20, 21]
+    finally:
+        pg_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_commit_twice_and_a_late_commit_are_no_ops(
