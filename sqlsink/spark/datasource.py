@@ -9,8 +9,9 @@
         .start())
 
 ``streamWriter()`` runs on the driver before every batch (and again in every
-commit/abort worker): it parses the options, installs the commit log, checks the
-server and plans the target once per batch, cheaply. ``write()`` runs on the
+commit/abort worker): it parses the options; the writer checks the server,
+installs the commit log and plans the target when it is sent to the tasks, once
+per batch. ``write()`` runs on the
 executors (the partition transaction), ``commit()``/``abort()`` on the driver in
 a fresh worker each time: nothing is kept in the writer between calls.
 """
@@ -61,18 +62,19 @@ class SqlsinkDataSource(DataSource):
                 "mode=upsert say how rows are written), and truncate the table first if needed"
             )
         options = SinkOptions.parse(dict(self.options))
-        target = _plan_target(options, schema, options.sink_id)
         run_id = uuid.uuid4().hex
         sink_id = options.sink_id or f"load-{run_id[:16]}"
-        return SqlsinkBatchWriter(options, target, sink_id, run_id, one_off=not options.sink_id)
+        return SqlsinkBatchWriter(options, schema, sink_id, run_id, one_off=not options.sink_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         options = SinkOptions.parse(dict(self.options))
         sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-        return SqlsinkStreamWriter(options, schema, sink_id)
+        return SqlsinkStreamWriter(
+            options, schema, sink_id, check_key=sink_id or str(options.table)
+        )
 
 
-def _plan_target(options: SinkOptions, schema: StructType, sink_id: str | None) -> TargetPlan:
+def _plan_target(options: SinkOptions, schema: StructType, key: str) -> TargetPlan:
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.connection import connect
     from sqlsink.postgres.schema import ensure_schema
@@ -84,7 +86,7 @@ def _plan_target(options: SinkOptions, schema: StructType, sink_id: str | None) 
         # per worker and again only when the verdict changes
         check_at_start(
             conn,
-            key=sink_id or str(options.table),
+            key=key,
             exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
         )
         ensure_schema(conn)
@@ -112,12 +114,33 @@ def type_problems(schema: StructType, pairs: list[tuple[str, TargetColumn]]) -> 
 
 
 class _SinkWriter:
-    """What the stream and the batch writer share: the partition write and the commit."""
+    """What the stream and the batch writer share: the plan, the partition write, the commit.
 
-    def __init__(self, options: SinkOptions, target: TargetPlan, sink_id: str | None) -> None:
+    The target is planned when the writer is pickled for the tasks, not when it is
+    made: Spark builds a stream writer on the driver before every batch and another
+    one in every commit/abort worker, where the plan is not needed. So planning
+    (checks, schema, target, ~20 ms) happens once per batch, and an error there still
+    stops the batch before any task runs.
+    """
+
+    def __init__(
+        self, options: SinkOptions, schema: StructType, sink_id: str | None, check_key: str
+    ) -> None:
         self.options = options
-        self.target = target
+        self.schema = schema
         self.sink_id = sink_id
+        self.check_key = check_key  # server warnings are logged once per key and worker
+        self._target: TargetPlan | None = None
+
+    @property
+    def target(self) -> TargetPlan:
+        if self._target is None:
+            self._target = _plan_target(self.options, self.schema, self.check_key)
+        return self._target
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.target  # noqa: B018 -- plan before the writer leaves the driver
+        return dict(self.__dict__)
 
     def _write(
         self, iterator: Iterator[Any], batch_id: int, run_id: str, query_id: str | None
@@ -191,29 +214,7 @@ class _SinkWriter:
 
 
 class SqlsinkStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
-    """Plans the target when it is pickled for the tasks, not when it is made.
-
-    Spark builds a stream writer on the driver before every batch, pickles it for
-    the tasks, and builds another one in every commit/abort worker, where the plan
-    is not needed: planning (checks, schema, target, ~20 ms) happens once per batch.
-    An error there still stops the batch before any task runs.
-    """
-
-    def __init__(self, options: SinkOptions, schema: StructType, sink_id: str | None) -> None:
-        self.schema = schema
-        self._target: TargetPlan | None = None
-        self.options = options
-        self.sink_id = sink_id
-
-    @property
-    def target(self) -> TargetPlan:  # type: ignore[override]
-        if self._target is None:
-            self._target = _plan_target(self.options, self.schema, self.sink_id)
-        return self._target
-
-    def __getstate__(self) -> dict[str, Any]:
-        self.target  # noqa: B018 -- plan before the writer leaves the driver
-        return dict(self.__dict__)
+    """``df.writeStream.format("sqlsink")``: one streaming micro-batch per call."""
 
     def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
         from pyspark import TaskContext
@@ -243,9 +244,10 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
     """
 
     def __init__(
-        self, options: SinkOptions, target: TargetPlan, sink_id: str, run_id: str, one_off: bool
+        self, options: SinkOptions, schema: StructType, sink_id: str, run_id: str, one_off: bool
     ) -> None:
-        super().__init__(options, target, sink_id)
+        # a one-off load's sink id is new every time: its warnings are keyed by the table
+        super().__init__(options, schema, sink_id, check_key=options.sink_id or str(options.table))
         self.run_id = run_id
         self.one_off = one_off
 
