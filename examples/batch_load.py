@@ -13,15 +13,14 @@ nothing.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from _harness import count_rows, example_main, prepared_left
 
 TABLE = "batch_orders"
 ROWS, PARTITIONS = 400, 4
@@ -65,12 +64,12 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
         failed_load_raised = False
     except Exception as exc:  # Spark wraps the sink's error: batch, partition, cause
         failed_load_raised = "customer" in str(exc)
-    rows_after_failed_load = count_rows(url)
+    rows_after_failed_load = count_rows(url, TABLE)
 
     # 2. The data fixed, the same load again: every partition at once.
     print("2. the same load with the row fixed", flush=True)
     save(orders(spark, 0, ROWS, bad_id=ROWS - 23).fillna({"customer": "unknown"}), url)
-    rows_after_load = count_rows(url)
+    rows_after_load = count_rows(url, TABLE)
 
     # 3. A named load, run twice: the second run finds the name in the commit log and
     # writes nothing. In production the name identifies the input (a file, a date); the
@@ -78,10 +77,10 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
     load_id = f"orders-2026-01-02-{uuid.uuid4().hex[:8]}"
     print(f"3. a named load (sinkId={load_id}), twice", flush=True)
     save(orders(spark, ROWS, 100), url, sinkId=load_id)
-    rows_after_named_load = count_rows(url)
+    rows_after_named_load = count_rows(url, TABLE)
     # without the sinkId this would fail on the primary key (or, without one, duplicate)
     save(orders(spark, ROWS, 100), url, sinkId=load_id)
-    rows_after_named_load_again = count_rows(url)
+    rows_after_named_load_again = count_rows(url, TABLE)
 
     with psycopg.connect(url) as conn:
         total, distinct = conn.execute(
@@ -110,53 +109,8 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
     return verdict
 
 
-def count_rows(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
-    return int(row[0]) if row else 0
-
-
-def prepared_left(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a PostgreSQL server to use instead of an embedded one")
-    args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-batch-load")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    server = None
-    try:
-        url = args.url
-        if url is None:
-            from sqlsink.postgres.embedded import EmbeddedPostgres
-
-            server = EmbeddedPostgres().start()
-            url = server.url()
-        with tempfile.TemporaryDirectory(prefix="sqlsink-batch-") as workdir:
-            verdict = run(spark, url, Path(workdir))
-    finally:
-        spark.stop()
-        if server is not None:
-            server.destroy()
-    for name, value in verdict.items():
-        print(f"{name:28} {value}")
-    return 0 if verdict["ok"] else 1
+    return example_main(__doc__, "sqlsink-batch-load", run)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,15 @@ deleting its entry in the checkpoint's ``commits/``) writes nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from _harness import example_main, prepared_left
 
 TABLE = "cdc_inventory"
 FILE_TIME = 1_767_225_600  # 2026-01-01T00:00:00Z, the first file's modification time
@@ -156,47 +156,8 @@ def row_versions(url: str) -> dict[int, str]:
         return {i: str(x) for i, x in conn.execute(f"SELECT id, xmin FROM {TABLE}")}
 
 
-def prepared_left(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a PostgreSQL server to use instead of an embedded one")
-    args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-cdc-upsert")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    server = None
-    try:
-        url = args.url
-        if url is None:
-            from sqlsink.postgres.embedded import EmbeddedPostgres
-
-            server = EmbeddedPostgres().start()
-            url = server.url()
-        with tempfile.TemporaryDirectory(prefix="sqlsink-cdc-") as workdir:
-            verdict = run(spark, url, Path(workdir))
-    finally:
-        spark.stop()
-        if server is not None:
-            server.destroy()
-    for name, value in verdict.items():
-        print(f"{name:26} {value}")
-    return 0 if verdict["ok"] else 1
+    return example_main(__doc__, "sqlsink-cdc-upsert", run)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,15 @@ from the checkpoint: nothing read twice, nothing skipped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from _harness import count_rows, example_main, prepared_left
 
 TABLE = "quickstart_events"
 SCHEMA = "id BIGINT, kind STRING, amount DOUBLE, ts TIMESTAMP"
@@ -58,7 +58,7 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
 
     write_files(source, range(0, 3))
     batches_1 = run_once()
-    rows_1 = count_rows(url)
+    rows_1 = count_rows(url, TABLE)
     write_files(source, range(3, 5))  # new files since the last run
     batches_2 = run_once()
 
@@ -111,55 +111,8 @@ def write_files(directory: Path, numbers: range) -> None:
         tmp.rename(directory / f"events-{n:03d}.json")
 
 
-def count_rows(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
-    return int(row[0]) if row else 0
-
-
-def prepared_left(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a PostgreSQL server to use instead of an embedded one")
-    args = parser.parse_args()
-    # Spark's Python workers must run this interpreter (with pyarrow and psycopg):
-    # set before the SparkSession starts
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-quickstart")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    server = None
-    try:
-        url = args.url
-        if url is None:  # a throw-away server with max_prepared_transactions > 0
-            from sqlsink.postgres.embedded import EmbeddedPostgres
-
-            server = EmbeddedPostgres().start()
-            url = server.url()
-        with tempfile.TemporaryDirectory(prefix="sqlsink-quickstart-") as workdir:
-            verdict = run(spark, url, Path(workdir))
-    finally:
-        spark.stop()
-        if server is not None:
-            server.destroy()
-    for name, value in verdict.items():
-        print(f"{name:20} {value}")
-    return 0 if verdict["ok"] else 1
+    return example_main(__doc__, "sqlsink-quickstart", run)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,17 @@ Without step 3 the restarted query would resolve the leftovers itself, first thi
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from _harness import build_session, count_rows, example_main, prepared_left
 
 TABLE = "recovery_events"
 BATCHES = [range(0, 30), range(30, 70), range(70, 100)]  # one file per micro-batch
@@ -71,7 +71,7 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
     verdict["driver"] = describe(run_driver(source, checkpoint, url, workdir / "faults.json"))
     say(f"   the driver ended with {verdict['driver']}")
     sink_id = query_id(checkpoint)  # the default sink id: the streaming query's id
-    verdict["rows_after_crash"] = count_rows(url)
+    verdict["rows_after_crash"] = count_rows(url, TABLE)
     verdict["prepared_after_crash"] = prepared_left(url)
     say(
         f"2. left behind: {verdict['rows_after_crash']} rows visible, "
@@ -84,7 +84,7 @@ def run(spark: Any, url: str, workdir: Path) -> dict[str, Any]:
     recover = ("recover", "--url", url, "--checkpoint", str(checkpoint))
     verdict["dry_run_exit"] = cli(*recover, "--dry-run")
     verdict["recover_exit"] = cli(*recover)
-    verdict["rows_after_recover"] = count_rows(url)
+    verdict["rows_after_recover"] = count_rows(url, TABLE)
     verdict["prepared_after_recover"] = prepared_left(url)
 
     say("4. the query restarts from its checkpoint (in this process's SparkSession)")
@@ -181,64 +181,10 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def count_rows(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
-    return int(row[0]) if row else 0
-
-
-def prepared_left(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def build_session(name: str) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName(name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a PostgreSQL server to use instead of an embedded one")
-    parser.add_argument(
-        "--driver", nargs=3, metavar=("SOURCE", "CHECKPOINT", "URL"), help=argparse.SUPPRESS
-    )
-    args = parser.parse_args()
-    if args.driver:
-        return driver_main(*args.driver)
-    spark = build_session("sqlsink-recovery-walkthrough")
-    server = None
-    try:
-        url = args.url
-        if url is None:
-            from sqlsink.postgres.embedded import EmbeddedPostgres
-
-            server = EmbeddedPostgres().start()
-            url = server.url()
-        with tempfile.TemporaryDirectory(prefix="sqlsink-recovery-") as workdir:
-            verdict = run(spark, url, Path(workdir))
-    finally:
-        spark.stop()
-        if server is not None:
-            server.destroy()
-    print()
-    for name, value in verdict.items():
-        print(f"{name:24} {value}")
-    return 0 if verdict["ok"] else 1
+    if sys.argv[1:2] == ["--driver"]:  # the streaming job of step 1, started by run_driver
+        return driver_main(*sys.argv[2:5])
+    return example_main(__doc__, "sqlsink-recovery-walkthrough", run)
 
 
 if __name__ == "__main__":

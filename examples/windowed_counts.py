@@ -21,17 +21,17 @@ log cannot deduplicate it; the key does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from _harness import example_main, prepared_left
 
 TABLE = "windowed_page_views"
 PAGES = ("home", "cart", "checkout")
@@ -196,47 +196,8 @@ def table_counts(url: str) -> dict[tuple[datetime, str], int]:
     return {(start, page): views for start, page, views in rows}
 
 
-def prepared_left(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a PostgreSQL server to use instead of an embedded one")
-    args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-windowed-counts")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    server = None
-    try:
-        url = args.url
-        if url is None:
-            from sqlsink.postgres.embedded import EmbeddedPostgres
-
-            server = EmbeddedPostgres().start()
-            url = server.url()
-        with tempfile.TemporaryDirectory(prefix="sqlsink-windowed-") as workdir:
-            verdict = run(spark, url, Path(workdir))
-    finally:
-        spark.stop()
-        if server is not None:
-            server.destroy()
-    for name, value in verdict.items():
-        print(f"{name:28} {value}")
-    return 0 if verdict["ok"] else 1
+    return example_main(__doc__, "sqlsink-windowed-counts", run)
 
 
 if __name__ == "__main__":

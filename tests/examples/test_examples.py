@@ -6,12 +6,16 @@ to the row, so that an example that stopped showing what its text says fails her
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from examples import batch_load, cdc_upsert, quickstart, recovery_walkthrough, windowed_counts
+from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.spark
 
@@ -112,9 +116,6 @@ def test_recovery_walkthrough(spark: Any, pg_url: str, tmp_path: Path) -> None:
 
 def test_demo_runs_and_ends_exactly_once() -> None:
     """The README's first command, as a user runs it (its own embedded PostgreSQL)."""
-    import subprocess
-    import sys
-
     repo = Path(__file__).resolve().parents[2]
     demo = subprocess.run(
         [sys.executable, "examples/demo.py"],
@@ -134,3 +135,23 @@ def test_demo_runs_and_ends_exactly_once() -> None:
         "EXACTLY ONCE",
     ):
         assert line in demo.stdout
+
+
+def test_an_example_as_a_program_with_url(pg_server: PgServer) -> None:
+    """``python examples/batch_load.py --url …``: its own session, the given server."""
+    repo = Path(__file__).resolve().parents[2]
+    with pg_server.database("example") as url:
+        done = subprocess.run(
+            [sys.executable, "examples/batch_load.py", "--url", url],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        lines = done.stdout.split()
+        assert lines[-2:] == ["ok", "True"] and "rows_after_named_load_again" in lines
+        with psycopg.connect(url) as conn:
+            row = conn.execute(f"SELECT count(*) FROM {batch_load.TABLE}").fetchone()
+        assert row is not None and row[0] == 500
