@@ -12,6 +12,7 @@ to spend.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -43,6 +44,21 @@ def postgres_s() -> float | None:
         return None
 
 
+def settled_postgres_s(limit_s: float = 2.0, step_s: float = 0.05) -> float | None:
+    """PostgreSQL's CPU seconds once two readings agree: a backend whose connection just
+    closed is still exiting, and until the postmaster reaps it its time is in neither its
+    live children nor ``children_*`` (it would be lost into "rest")."""
+    last = postgres_s()
+    deadline = time.monotonic() + limit_s
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(step_s)
+        now = postgres_s()
+        if now is None or abs(now - last) < 0.005:
+            return now
+        last = now
+    return last
+
+
 def group_of(process: psutil.Process) -> str:
     if process.pid == psutil.Process().pid:
         return "driver"
@@ -58,7 +74,8 @@ def machine_busy_s() -> float:
 
 
 def snapshot() -> tuple[float, dict[int, tuple[str, float]], float | None]:
-    """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's) now."""
+    """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's) now; the
+    server's is read last, once settled."""
     processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
     seen = {}
     for process in processes:
@@ -67,7 +84,7 @@ def snapshot() -> tuple[float, dict[int, tuple[str, float]], float | None]:
             seen[process.pid] = (group_of(process), times.user + times.system)
         except psutil.Error:
             continue
-    return machine_busy_s(), seen, postgres_s()
+    return machine_busy_s(), seen, settled_postgres_s()
 
 
 @dataclass
