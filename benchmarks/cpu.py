@@ -75,9 +75,12 @@ def machine_busy_s() -> float:
 
 def snapshot() -> tuple[float, dict[int, tuple[str, float]], float | None]:
     """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's) now; the
-    server's is read last, once settled."""
-    processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
-    seen = {}
+    server's is read last, once settled. Children of this process that ended and were
+    reaped (forked COPY processes) are one entry, "reaped_children"."""
+    me = psutil.Process()
+    processes = [me, *me.children(recursive=True)]
+    mine = me.cpu_times()
+    seen = {-1: ("reaped_children", mine.children_user + mine.children_system)}
     for process in processes:
         try:
             times = process.cpu_times()

@@ -103,11 +103,15 @@ def print_cpu(rows: list[dict[str, Any]]) -> None:
     """CPU seconds per process group in each method's median run, and how busy the cores were."""
     groups = ("driver", "jvm", "python_workers", "postgres", "rest", "machine_total")
     heads = ("driver", "JVM", "py workers", "PostgreSQL", "rest", "total", "busy")
-    print("CPU seconds of the median run (rest = anything else running on the machine)")
+    print(
+        "CPU seconds of the median run (driver: this process and the COPY processes it "
+        "forked; rest: anything else running on the machine)"
+    )
     print(f"{'':<36}" + "".join(f"{h:>11}" for h in heads))
     cores = os.cpu_count() or 1
     for t in rows:
-        cpu = t.get("cpu_s_of_median_run", {})
+        cpu = dict(t.get("cpu_s_of_median_run", {}))
+        cpu["driver"] = cpu.get("driver", 0.0) + cpu.get("reaped_children", 0.0)
         cells = "".join(f"{cpu.get(g, 0.0):>11.2f}" for g in groups)
         busy = cpu.get("machine_total", 0.0) / (cores * t["median_s"])
         print(f"{t['method']:<36}{cells}{busy:>10.0%}")
@@ -134,8 +138,13 @@ def print_overhead(overhead: dict[str, Any]) -> None:
     print(
         f"  fit: overhead = {fit['per_batch_a']:.1f} ms per batch "
         f"[{a_ci[0]:.0f}, {a_ci[1]:.0f}] + {fit['per_partition_b']:.1f} ms per partition "
-        f"[{b_ci[0]:.1f}, {b_ci[1]:.1f}]\n"
+        f"[{b_ci[0]:.1f}, {b_ci[1]:.1f}]"
     )
+    commits = overhead.get("exactly_once_commit_ms_by_partitions", {})
+    if commits:
+        cells = ", ".join(f"{ms:.1f} ms at {p}" for p, ms in commits.items())
+        print(f"  exactly_once commit on the driver (commit log, median): {cells}")
+    print()
 
 
 def print_memory(memory: dict[str, Any]) -> None:
@@ -201,7 +210,11 @@ def plot_throughput(ax: Any, rows: list[dict[str, Any]]) -> None:
     ceiling = next((t for t in rows if t["method"].startswith("ceiling")), None)
     colors = ["#d62728" if "exactly_once" in t["method"] else "#1f77b4" for t in bars]
     colors = [
-        "#7f7f7f" if "noop" in t["method"] else "#ff7f0e" if "JDBC" in t["method"] else c
+        "#7f7f7f"
+        if "noop" in t["method"] or "COPY" in t["method"]
+        else "#ff7f0e"
+        if "JDBC" in t["method"]
+        else c
         for t, c in zip(bars, colors, strict=True)
     ]
     positions = range(len(bars))
@@ -223,6 +236,7 @@ def plot_throughput(ax: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def wrap(label: str) -> str:
+    label = label.replace("reWriteBatchedInserts", "reWrite-\nBatchedInserts")
     return label.replace(", ", ",\n").replace("sqlsink ", "sqlsink\n").replace(": ", ":\n")
 
 

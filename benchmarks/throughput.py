@@ -7,6 +7,7 @@ a change of load on the machine hits every method alike; a method's time is its 
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -74,6 +75,35 @@ def copy_ceiling(url: str, dataset: Dataset, rows: Sequence[tuple[Any, ...]]) ->
         return timing
 
     return Method(CEILING, run, "psycopg copy.write_row, tuples built beforehand")
+
+
+TWO_COPIES = "binary COPY, 2 processes at once"
+
+
+def copy_in_processes(url: str, dataset: Dataset, rows: Sequence[tuple[Any, ...]]) -> Method:
+    """The ceiling's COPY split in two halves loaded at once by two forked processes: what
+    two concurrent writers (like two Spark partitions) cost PostgreSQL, without Spark."""
+    fork = multiprocessing.get_context("fork")  # the children inherit the tuples, unpickled
+
+    def load() -> None:
+        half = len(rows) // 2
+        children = [
+            fork.Process(target=copy_tuples, args=(url, part))
+            for part in (rows[:half], rows[half:])
+        ]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
+        if any(child.exitcode != 0 for child in children):
+            raise RuntimeError(f"a COPY process failed: {[c.exitcode for c in children]}")
+
+    def run() -> Timing:
+        timing = timed(load)
+        check_rows(url, dataset.rows, "binary COPY, 2 processes")
+        return timing
+
+    return Method(TWO_COPIES, run, "two forked processes, half of the tuples each")
 
 
 def copy_tuples(url: str, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -152,7 +182,7 @@ def upsert_query(
 
 def methods(spark: Any, url: str, dataset: Dataset, checkpoints: Path, jdbc: bool) -> list[Method]:
     rows = load_tuples(dataset)  # once, not timed: the ceiling's input and the upsert's prefill
-    found = [copy_ceiling(url, dataset, rows)]
+    found = [copy_ceiling(url, dataset, rows), copy_in_processes(url, dataset, rows)]
     if jdbc:
         found += [jdbc_writer(spark, url, dataset, rewrite=r) for r in (False, True)]
     sinks = [Sink.sqlsink(url, TABLE, s) for s in SEMANTICS] + [Sink.noop()]
