@@ -69,9 +69,7 @@ class SqlsinkDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         options = SinkOptions.parse(dict(self.options))
         sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-        return SqlsinkStreamWriter(
-            options, schema, sink_id, check_key=sink_id or str(options.table)
-        )
+        return SqlsinkStreamWriter(options, schema, sink_id)
 
 
 def _plan_target(options: SinkOptions, schema: StructType, key: str) -> TargetPlan:
@@ -123,14 +121,16 @@ class _SinkWriter:
     stops the batch before any task runs.
     """
 
-    def __init__(
-        self, options: SinkOptions, schema: StructType, sink_id: str | None, check_key: str
-    ) -> None:
+    def __init__(self, options: SinkOptions, schema: StructType, sink_id: str | None) -> None:
         self.options = options
         self.schema = schema
         self.sink_id = sink_id
-        self.check_key = check_key  # server warnings are logged once per key and worker
         self._target: TargetPlan | None = None
+
+    @property
+    def check_key(self) -> str:
+        """Server warnings are logged once per key and worker: the sink, else the table."""
+        return self.sink_id or str(self.options.table)
 
     @property
     def target(self) -> TargetPlan:
@@ -246,10 +246,14 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
     def __init__(
         self, options: SinkOptions, schema: StructType, sink_id: str, run_id: str, one_off: bool
     ) -> None:
-        # a one-off load's sink id is new every time: its warnings are keyed by the table
-        super().__init__(options, schema, sink_id, check_key=options.sink_id or str(options.table))
+        super().__init__(options, schema, sink_id)
         self.run_id = run_id
         self.one_off = one_off
+
+    @property
+    def check_key(self) -> str:
+        """A one-off load's sink id is new every time: its warnings are keyed by the table."""
+        return str(self.options.table) if self.one_off else super().check_key
 
     def write(self, iterator: Iterator[Any]) -> SqlsinkCommitMessage:
         return self._write(iterator, batch_id=0, run_id=self.run_id, query_id=None)
