@@ -44,26 +44,18 @@ def faults_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(faults_file: Path) -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ[FAULTS_ENV] = str(faults_file)
-    from pyspark.sql import SparkSession
+    from tests.spark.streams import local_session
 
-    import sqlsink
-
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("sqlsink-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        .getOrCreate()
+    session = local_session(
+        "sqlsink-tests",
+        master="local[2,3]",
+        **{
+            "spark.python.worker.reuse": "true",
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    sqlsink.register(session)
     yield session
     session.stop()
 

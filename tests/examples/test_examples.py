@@ -6,8 +6,6 @@ to the row, so that an example that stopped showing what its text says fails her
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 
 from examples import batch_load, cdc_upsert, quickstart, recovery_walkthrough, windowed_counts
 from tests.fix_pg import PgServer
+from tests.programs import run_program
 
 pytestmark = pytest.mark.spark
 
@@ -116,16 +115,7 @@ def test_recovery_walkthrough(spark: Any, pg_url: str, tmp_path: Path) -> None:
 
 def test_demo_runs_and_ends_exactly_once() -> None:
     """The README's first command, as a user runs it (its own embedded PostgreSQL)."""
-    repo = Path(__file__).resolve().parents[2]
-    demo = subprocess.run(
-        [sys.executable, "examples/demo.py"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    demo = run_program("examples/demo.py", timeout=600)
     assert "driver died with signal SIGKILL" in demo.stdout
     assert "prepared transaction(s) left for recovery" in demo.stdout
     for line in (
@@ -139,17 +129,8 @@ def test_demo_runs_and_ends_exactly_once() -> None:
 
 def test_an_example_as_a_program_with_url(pg_server: PgServer) -> None:
     """``python examples/batch_load.py --url …``: its own session, the given server."""
-    repo = Path(__file__).resolve().parents[2]
     with pg_server.database("example") as url:
-        done = subprocess.run(
-            [sys.executable, "examples/batch_load.py", "--url", url],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        done = run_program("examples/batch_load.py", "--url", url, timeout=300)
         lines = done.stdout.split()
         assert lines[-2:] == ["ok", "True"] and "rows_after_named_load_again" in lines
         with psycopg.connect(url) as conn:

@@ -8,7 +8,6 @@ Run it with SQLSINK_FAULTS_FILE set and in a new session (process group): a
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,23 +15,9 @@ from pathlib import Path
 def main() -> int:
     source, checkpoint, url, table = sys.argv[1:5]
     extra = dict(arg.split("=", 1) for arg in sys.argv[5:])
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from tests.spark.streams import local_session, run_query
 
-    import sqlsink
-    from tests.spark.streams import run_query
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    sqlsink.register(spark)
+    spark = local_session("sqlsink-crash-driver")
     options = {"url": url, "table": table, "createTable": "true", **extra}
     run_query(spark, Path(source), Path(checkpoint), options)
     print("drained without being killed", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -14,6 +15,33 @@ import psycopg
 from psycopg import sql
 
 SCHEMA = "id BIGINT, payload STRING, ts TIMESTAMP, amount DOUBLE"
+
+
+def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
+    """A local SparkSession as the tests use it, sqlsink registered, logging at ERROR.
+
+    Its Python workers run this interpreter (the venv with pyarrow and psycopg):
+    PYSPARK_PYTHON is set before the JVM starts. ``conf`` adds Spark settings.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import sqlsink
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    sqlsink.register(spark)
+    return spark
 
 
 def write_source(directory: Path, batches: Sequence[Iterable[int]]) -> None:

@@ -46,10 +46,16 @@ import pytest
 from psycopg import sql
 
 from tests.fix_pg import PgServer, prepared_transactions
-from tests.spark.streams import ActivityMonitor, start_query, write_records, write_source
+from tests.programs import REPO, run_program
+from tests.spark.streams import (
+    ActivityMonitor,
+    local_session,
+    start_query,
+    write_records,
+    write_source,
+)
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parents[2]
 
 URL_SECRET = "uRL/S3cr:t@pw"  # in the URL percent-encoded: uRL%2FS3cr%3At%40pw
 KEYWORD_SECRET = "kwS3cretPW"  # in a key=value conninfo
@@ -249,25 +255,10 @@ class Driver:
 
 def driver_main(config_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import sqlsink
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sqlsink-secrets-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    # INFO: Spark filters a shell's console at WARN until the level changes (setting
-    # the level it already has does nothing)
-    spark.sparkContext.setLogLevel("WARN")
+    spark = local_session("sqlsink-secrets-driver")
+    # INFO: Spark filters a shell's console at WARN until the level changes (the
+    # session is left at ERROR, so this is a change)
     spark.sparkContext.setLogLevel("INFO")
-    sqlsink.register(spark)
     report = Driver(spark, config).run()
     Path(config["report"]).write_text(json.dumps(report, indent=1, ensure_ascii=False))
     spark.stop()
@@ -339,19 +330,16 @@ def test_no_secret_in_any_output_of_a_driver_the_commit_log_the_server_or_the_cl
     }
     started = time.monotonic()
     with ActivityMonitor(pg_url, interval=0.02) as monitor:
-        driver = subprocess.run(
-            [sys.executable, "-m", "tests.spark.test_secrets", str(tmp_path / "config.json")],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
+        driver = run_program(
+            "-m",
+            "tests.spark.test_secrets",
+            str(tmp_path / "config.json"),
             timeout=400,
-            check=False,
+            env=env,
+            log=tmp_path / "driver.log",
         )
     driver_seconds = time.monotonic() - started
     output = driver.stdout + driver.stderr
-    (tmp_path / "driver.log").write_text(output)  # to read when this fails
-    assert driver.returncode == 0, output[-6000:]
     report = json.loads((tmp_path / "report.json").read_text())
 
     # the capture is real: Spark's INFO log, the sink's own log lines from the Python
