@@ -42,7 +42,7 @@ from tests.cluster.fix_cluster import (
     standalone_cluster,
 )
 from tests.fix_pg import PgServer, prepared_in_test_db
-from tests.spark.streams import query_id, table_ids, write_source
+from tests.spark.streams import COMPLETE, commit_log, query_id, table_ids, write_source
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 REPO = Path(__file__).resolve().parents[2]
@@ -197,17 +197,6 @@ def task_attempts(events: list[dict[str, Any]], query: str, batch: int) -> list[
     ]
 
 
-def commit_log(url: str, sink_id: str) -> dict[int, tuple[list[str], int | None, bool]]:
-    """batch -> (decided gids, orphans swept by its commit, complete)."""
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT batch_id, gids, orphans, completed_at IS NOT NULL FROM sqlsink.decisions "
-            "WHERE sink_id = %s ORDER BY batch_id",
-            (sink_id,),
-        ).fetchall()
-    return {int(b): (list(g), o, bool(c)) for b, g, o, c in rows}
-
-
 def markers(url: str, sink_id: str) -> set[str]:
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT gid FROM sqlsink.markers WHERE sink_id = %s", (sink_id,))
@@ -246,7 +235,7 @@ def test_a_speculative_copy_of_a_straggler_writes_exactly_once(
     assert first["End"] is not None and first["End"]["Reason"] == "TaskKilled", first
 
     # the commit log decided the speculative attempt's transaction for that partition
-    log = commit_log(pg_url, sink_id)
+    log = commit_log(pg_url, sink_id, "gids", "orphans", COMPLETE)  # batch -> those
     assert sorted(log) == list(range(len(BATCHES)))
     gids, orphans, _ = log[SLOW_BATCH]
     decided = {g.partition_id: g for g in map(Gid.parse, gids) if g is not None}

@@ -120,15 +120,22 @@ def table_ids(url: str, table: str) -> list[int]:
         return [int(str(r[0])) for r in rows]
 
 
+COMPLETE = "completed_at IS NOT NULL"
+
+
+def commit_log(url: str, sink_id: str, *columns: str) -> dict[int, tuple[Any, ...]]:
+    """batch -> the given columns (SQL expressions of ``sqlsink.decisions``) of its decision."""
+    query = sql.SQL(
+        "SELECT batch_id, {} FROM sqlsink.decisions WHERE sink_id = %s ORDER BY batch_id"
+    ).format(sql.SQL(", ").join(map(sql.SQL, columns)))
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(query, (sink_id,)).fetchall()
+    return {int(row[0]): tuple(row[1:]) for row in rows}
+
+
 def decided_batches(url: str, sink_id: str) -> dict[int, bool]:
     """batch -> complete, from the commit log."""
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT batch_id, completed_at IS NOT NULL FROM sqlsink.decisions "
-            "WHERE sink_id = %s ORDER BY batch_id",
-            (sink_id,),
-        ).fetchall()
-    return {int(str(b)): bool(c) for b, c in rows}
+    return {batch: bool(row[0]) for batch, row in commit_log(url, sink_id, COMPLETE).items()}
 
 
 def query_id(checkpoint: Path) -> str:

@@ -14,7 +14,14 @@ import pytest
 from psycopg import sql
 
 from tests.fix_pg import PgServer, prepared_in_test_db
-from tests.spark.streams import SCHEMA, query_id, table_ids, write_records
+from tests.spark.streams import (
+    COMPLETE,
+    SCHEMA,
+    commit_log,
+    query_id,
+    table_ids,
+    write_records,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -32,15 +39,9 @@ def save(df: Any, url: str, table: str, **options: str) -> None:
     writer.save()
 
 
-def decisions(url: str, sink_id: str) -> dict[int, tuple[int, int, bool]]:
+def decisions(url: str, sink_id: str) -> dict[int, tuple[Any, ...]]:
     """batch -> (rows, partitions, complete), from the commit log."""
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT batch_id, rows, partitions, completed_at IS NOT NULL FROM sqlsink.decisions "
-            "WHERE sink_id = %s ORDER BY batch_id",
-            (sink_id,),
-        ).fetchall()
-    return {int(b): (int(r), int(p), bool(c)) for b, r, p, c in rows}
+    return commit_log(url, sink_id, "rows", "partitions", COMPLETE)
 
 
 def markers(url: str, sink_id: str) -> dict[int, int]:
