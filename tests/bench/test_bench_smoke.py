@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.programs import run_program
+
 THROUGHPUT = {
     "ceiling: binary COPY, 1 process",
     "sqlsink none",
@@ -28,22 +27,15 @@ THROUGHPUT = {
 def test_quick_benchmark_runs_every_measure(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     env = {k: v for k, v in os.environ.items() if k != "SQLSINK_TEST_URL"}
-    done = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=480,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    run_program("benchmarks/run.py", "--quick", "--out", str(out), timeout=480, env=env)
     results = json.loads(out.read_text())
     assert results["errors"] == {}
     assert set(results["measures"]) == {"memory", "throughput", "overhead", "latency"}
     names = {m["method"] for m in results["measures"]["throughput"]}
     assert names >= THROUGHPUT, names  # the JDBC writer runs when its jar is installed
     for method in results["measures"]["throughput"]:
-        assert method["rows_per_s"] > 0 and method["cpu_s_of_median_run"]["machine_total"] >= 0
+        assert method["rows_per_s"] > 0, method
+        # the embedded server's postmaster is watched: PostgreSQL has a CPU figure
+        assert "postgres" in method["cpu_s_of_median_run"], method
     assert results["ratios"]["exactly_once_vs_ceiling"] > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
