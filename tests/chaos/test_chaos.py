@@ -35,7 +35,7 @@ from psycopg import sql
 
 from sqlsink.core.faults import POINTS
 from tests.fix_pg import PgServer, prepared_transactions
-from tests.spark.streams import query_id, write_records
+from tests.spark.streams import decided_batches, query_id, write_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 REPO = Path(__file__).resolve().parents[2]
@@ -221,15 +221,9 @@ def check_exactly_once(tmp: Path, server: PgServer, table: str, mode: str) -> No
         rows = conn.execute(
             sql.SQL("SELECT id, payload FROM {} ORDER BY id").format(sql.Identifier(table))
         ).fetchall()
-        ids = [int(str(r[0])) for r in rows]
-        sink_id = query_id(tmp / "chk")
-        decisions = dict(
-            conn.execute(
-                "SELECT batch_id, completed_at IS NOT NULL FROM sqlsink.decisions "
-                "WHERE sink_id = %s",
-                (sink_id,),
-            ).fetchall()
-        )
+    ids = [int(str(r[0])) for r in rows]
+    sink_id = query_id(tmp / "chk")
+    decisions = decided_batches(server.url, sink_id)
     clean = expected_table(mode, tmp / "chk")
     expected = sorted(clean)
     duplicates = len(ids) - len(set(ids))
