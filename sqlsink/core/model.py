@@ -23,6 +23,32 @@ class PartitionOutcome:
 
 
 @dataclass(frozen=True)
+class TaskIdentity:
+    """Who is writing one partition: taken from Spark's TaskContext by the adapter."""
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    run_id: str
+    attempt_id: int  # Spark's taskAttemptId: unique within a run
+    attempt_number: int  # Spark's attemptNumber: 0 for a task's first attempt
+    query_id: str | None
+
+    def where(self) -> str:
+        return f"sink {self.sink_id}, batch {self.batch_id}, partition {self.partition_id}"
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """The commit log as a partition task sees it before writing (one read)."""
+
+    decided: bool  # this batch has a decision
+    bound_query: str | None  # the query the sink is bound to
+    has_batches: bool  # the sink has decisions at all
+    prepared: tuple[str, ...]  # prepared gids with this sink's prefix, this database
+
+
+@dataclass(frozen=True)
 class PreparedTransaction:
     """One row of the server's list of prepared transactions."""
 

@@ -1,11 +1,11 @@
 """One partition's transaction, on an executor.
 
-exactly_once: connect; skip if the batch is decided (a replay); resolve what dead
-runs left prepared (their locks would block us); BEGIN; COPY the rows; insert the
-marker row; PREPARE TRANSACTION gid; check the server really prepared (a failed
-transaction answers PREPARE with the tag ROLLBACK); close. On any error: ROLLBACK
-(never ROLLBACK PREPARED: after a failed PREPARE that gid may be someone else's)
-and close.
+exactly_once: connect; the participant's checks before the write (replay, binding,
+leftovers: ``sqlsink.core.participant``); BEGIN; COPY the rows; insert the marker
+row; PREPARE TRANSACTION gid; check the server really prepared (a failed
+transaction answers PREPARE with the tag ROLLBACK); the participant's check after
+PREPARE; close. On any error: ROLLBACK (never ROLLBACK PREPARED: after a failed
+PREPARE that gid may be someone else's) and close.
 
 at_least_once / none: the same load, committed directly (``none`` without waiting
 for the WAL flush).
@@ -17,20 +17,19 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from sqlsink.core.committer import Committer, binding_error
 from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PartitionOutcome
-from sqlsink.core.resolution import Scope
+from sqlsink.core.model import PartitionOutcome, TaskIdentity
+from sqlsink.core.participant import Participant, task_gid
 from sqlsink.errors import SqlsinkError, TransientError, WriteError
 from sqlsink.options import Semantic, SinkOptions
+from sqlsink.postgres import appnames, commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName, TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
@@ -38,33 +37,6 @@ from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.schema import privilege_error
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.postgres.upsert import ORDINAL
-
-_STATE = """
-SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
-       (SELECT query_id FROM sqlsink.sinks WHERE sink_id = %(sink)s),
-       EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s),
-       ARRAY(SELECT gid FROM pg_prepared_xacts
-             WHERE gid LIKE %(prefix)s AND database = current_database())
-"""
-
-
-@dataclass(frozen=True)
-class TaskIdentity:
-    """Who is writing: taken from Spark's TaskContext by the adapter."""
-
-    sink_id: str
-    batch_id: int
-    partition_id: int
-    run_id: str
-    attempt_id: int  # Spark's taskAttemptId: unique within a run
-    attempt_number: int  # Spark's attemptNumber: 0 for a task's first attempt
-    query_id: str | None
-
-    def gid(self) -> Gid:
-        return Gid(self.sink_id, self.batch_id, self.partition_id, self.run_id, self.attempt_id)
-
-    def where(self) -> str:
-        return f"sink {self.sink_id}, batch {self.batch_id}, partition {self.partition_id}"
 
 
 def write_partition(
@@ -80,18 +52,23 @@ def write_partition(
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
-    conn = connect(options.url, options.password, application_name=f"sqlsink {task.where()}")
+    conn = connect(
+        options.url,
+        options.password,
+        application_name=appnames.task(task.sink_id, task.batch_id, task.partition_id),
+    )
     try:
+        participant = Participant(PostgresBackend(conn), task, options.timeouts)
         try:
-            decided = _already_decided(conn, task, options)
+            decided = participant.before_write()
         except psycopg.errors.InsufficientPrivilege as exc:
             raise privilege_error(conn, exc) from None
         if decided:
             for _ in rows_iter:  # Spark expects the iterator consumed
                 pass
             return _outcome(task, None, 0, skipped=True, started=started)
-        gid = task.gid() if options.semantic is Semantic.EXACTLY_ONCE else None
-        rows = _load(conn, options, target, task, gid, itertools.chain([first], rows_iter))
+        gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
+        rows = _load(conn, participant, options, target, gid, itertools.chain([first], rows_iter))
         return _outcome(task, str(gid) if gid else None, rows, skipped=False, started=started)
     finally:
         conn.close()  # after PREPARE, closing leaves the transaction prepared
@@ -104,39 +81,15 @@ def _first_nonempty(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:
     return None
 
 
-def _state(conn: Connection, task: TaskIdentity) -> tuple[bool, str | None, bool, list[str]]:
-    prefix = Gid.sink_prefix(task.sink_id).replace("_", r"\_") + "%"
-    row = conn.execute(
-        _STATE, {"sink": task.sink_id, "batch": task.batch_id, "prefix": prefix}
-    ).fetchone()
-    assert row is not None
-    decided, bound_query, has_batches, prepared = row
-    return bool(decided), bound_query, bool(has_batches), list(prepared)
-
-
-def _already_decided(conn: Connection, task: TaskIdentity, options: SinkOptions) -> bool:
-    """Replay check, binding check (invariant 8), and the leftovers of dead runs."""
-    decided, bound_query, has_batches, prepared = _state(conn, task)
-    if task.query_id is not None and bound_query not in (None, task.query_id) and has_batches:
-        raise binding_error(task.sink_id, str(bound_query), task.query_id)
-    if decided:
-        return True
-    scope = Scope.live(task.run_id, task.batch_id)
-    if any(g is not None and not scope.in_flight(g) for g in map(Gid.parse, prepared)):
-        committer = Committer(PostgresBackend(conn), task.sink_id, timeouts=options.timeouts)
-        committer.resolve_leftovers(task.run_id, task.batch_id)
-        return _state(conn, task)[0]  # resolution may have completed this very batch
-    return False
-
-
 def _load(
     conn: Connection,
+    participant: Participant,
     options: SinkOptions,
     target: TargetPlan,
-    task: TaskIdentity,
     gid: Gid | None,
     batches: Iterator[pa.RecordBatch],
 ) -> int:
+    task = participant.task
     counted = _Counter(batches)
     upsert = target.upsert
     staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
@@ -159,10 +112,8 @@ def _load(
         if gid is None:
             conn.execute("COMMIT")
             return counted.rows
-        conn.execute(
-            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
-            "VALUES (%s, %s, %s, %s, %s)",
-            (str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows),
+        commit_log.insert_marker(
+            conn, str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows
         )
         with conn.cursor() as cur:
             cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
@@ -173,7 +124,7 @@ def _load(
                     gid=str(gid),
                 )
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
-        _unless_decided_without(conn, task, gid)
+        participant.after_prepare(gid)
         return counted.rows
     except psycopg.Error as exc:
         _rollback_quietly(conn)
@@ -188,30 +139,6 @@ def _load(
     except SqlsinkError:
         _rollback_quietly(conn)
         raise
-
-
-def _unless_decided_without(conn: Connection, task: TaskIdentity, gid: Gid) -> None:
-    """Roll back our own prepared transaction if the batch was decided without it.
-
-    A zombie attempt (the loser of a speculative pair, killed late, or a task of a run
-    that was declared dead) can prepare after its batch's decision. The commit's sweep
-    reads the prepared transactions after writing the decision: it either saw ours, or
-    our read here sees its decision. A decision cannot name us yet (our commit message
-    has not left this task), so a decision found here means: roll back, now, rather
-    than hold locks and VACUUM until some later commit sweeps it.
-    """
-    row = conn.execute(
-        "SELECT %s = ANY(gids) FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = %s",
-        (str(gid), task.sink_id, task.batch_id),
-    ).fetchone()
-    if row is None or row[0]:
-        return
-    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(str(gid))))
-    raise TransientError(
-        f"{task.where()}: batch {task.batch_id} was decided without this attempt "
-        f"(a late or speculative copy); its transaction {gid} is rolled back",
-        gid=str(gid),
-    )
 
 
 def _copy(

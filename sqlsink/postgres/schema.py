@@ -9,9 +9,9 @@ import psycopg
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.locks import take_schema_lock
 
 _MIGRATION = re.compile(r"(\d{3})_[a-z0-9_]+\.sql")
-_LOCK_KEY = "sqlsink:schema"
 
 
 def sql_dir() -> Path:
@@ -54,7 +54,7 @@ def ensure_schema(conn: Connection) -> int:
         raise privilege_error(conn, exc) from None
     try:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY,))
+            take_schema_lock(conn)
             current = installed_version(conn)
             for version, path in migrations():
                 if version > current:

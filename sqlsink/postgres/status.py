@@ -18,12 +18,14 @@ from datetime import datetime
 import psycopg
 
 from sqlsink.core.model import PreparedTransaction
-from sqlsink.postgres.backend import lock_key
+from sqlsink.postgres import appnames
 from sqlsink.postgres.checks import Finding, check_server
+from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.locks import lock_ids, try_sink_lock, unlock_sink, wait_sink_lock
 from sqlsink.postgres.schema import installed_version, latest_version
 
-APP_NAME_LIMIT = 63  # PostgreSQL truncates application_name to NAMEDATALEN - 1
+__all__ = ["try_sink_lock", "unlock_sink", "wait_sink_lock"]  # the CLI's, until it moves
 
 
 # -- the commit log -----------------------------------------------------------------------
@@ -262,40 +264,20 @@ def sqlsink_sessions(conn: Connection) -> list[Session]:
     rows = conn.execute(
         f"SELECT {_SESSION_COLUMNS} FROM pg_stat_activity a "
         "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
-        "AND a.application_name LIKE 'sqlsink %%' ORDER BY a.pid"
+        "AND a.application_name LIKE %s ORDER BY a.pid",
+        (like_prefix(appnames.PREFIX),),
     ).fetchall()
     return [_session(r) for r in rows]
 
 
-def session_names(sink_id: str) -> tuple[str, str]:
-    """(prefix of a partition task's application_name, the committer's application_name)."""
-    task = f"sqlsink sink {sink_id}, batch "
-    commit = f"sqlsink {sink_id} commit"
-    return task[:APP_NAME_LIMIT], commit[:APP_NAME_LIMIT]
-
-
 def sink_sessions(sessions: Collection[Session], sink_id: str) -> list[Session]:
-    """The sessions that show the sink is live: its partition tasks and its committer.
-
-    Names cut at 63 characters are matched by what is left of them (a long sink id
-    may then match a sibling's session too: that errs on the side of "live").
-    """
-    task, commit = session_names(sink_id)
-    return [
-        s for s in sessions if s.application_name.startswith(task) or s.application_name == commit
-    ]
-
-
-def _lock_parts(conn: Connection, sink_id: str | None) -> tuple[int, int]:
-    row = conn.execute("SELECT hashtextextended(%s, 0)", (lock_key(sink_id),)).fetchone()
-    assert row is not None
-    key = int(str(row[0])) & 0xFFFFFFFFFFFFFFFF
-    return key >> 32, key & 0xFFFFFFFF
+    """The sessions that show the sink is live: its partition tasks and its committer."""
+    return [s for s in sessions if appnames.of_sink(s.application_name, sink_id)]
 
 
 def lock_holders(conn: Connection, sink_id: str) -> list[Session]:
     """Other sessions holding the sink's advisory lock (the committer while it commits)."""
-    classid, objid = _lock_parts(conn, sink_id)
+    classid, objid = lock_ids(conn, sink_id)
     rows = conn.execute(
         f"SELECT {_SESSION_COLUMNS} FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
@@ -305,33 +287,6 @@ def lock_holders(conn: Connection, sink_id: str) -> list[Session]:
         (classid, objid),
     ).fetchall()
     return [_session(r) for r in rows]
-
-
-def try_sink_lock(conn: Connection, sink_id: str) -> bool:
-    """Take the sink's session lock if it is free (stacks with ``PostgresBackend.sink_lock``)."""
-    row = conn.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),)
-    ).fetchone()
-    return bool(row and row[0])
-
-
-def wait_sink_lock(conn: Connection, sink_id: str, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another."""
-    conn.execute(
-        "SELECT set_config('lock_timeout', %s, false)", (f"{max(int(timeout_s * 1000), 1)}ms",)
-    )
-    try:
-        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),))
-        return True
-    except psycopg.errors.LockNotAvailable:
-        return False
-    finally:
-        conn.execute("SELECT set_config('lock_timeout', '0', false)")
-
-
-def unlock_sink(conn: Connection, sink_id: str) -> None:
-    if not conn.closed:
-        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(sink_id),))
 
 
 # -- who am I -----------------------------------------------------------------------------

@@ -73,13 +73,14 @@ class SqlsinkDataSource(DataSource):
 
 
 def _plan_target(options: SinkOptions, schema: StructType, key: str) -> TargetPlan:
+    from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.connection import connect
     from sqlsink.postgres.schema import ensure_schema
     from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import table_columns
 
-    with connect(options.url, options.password, application_name="sqlsink planner") as conn:
+    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
         # server settings: an error stops here, before any data; warnings are logged once
         # per worker and again only when the verdict changes
         check_at_start(
@@ -147,7 +148,8 @@ class _SinkWriter:
     ) -> SqlsinkCommitMessage:
         from pyspark import TaskContext
 
-        from sqlsink.postgres.partition import TaskIdentity, write_partition
+        from sqlsink.core.model import TaskIdentity
+        from sqlsink.postgres.partition import write_partition
 
         ctx = TaskContext.get()
         if ctx is None:
@@ -261,11 +263,12 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         sink_id = self._commit(messages, 0)
         if sink_id is not None and self.one_off:
+            from sqlsink.postgres import appnames, commit_log
             from sqlsink.postgres.connection import connect
 
-            with connect(self.options.url, self.options.password, application_name="sqlsink") as c:
-                c.execute("DELETE FROM sqlsink.markers WHERE sink_id = %s", (sink_id,))
-                c.execute("DELETE FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,))
+            url, password = self.options.url, self.options.password
+            with connect(url, password, application_name=appnames.ONE_OFF) as conn:
+                commit_log.forget_one_off_load(conn, sink_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages, 0)
@@ -280,13 +283,14 @@ class _CommitterSession:
 
     def __enter__(self) -> Any:
         from sqlsink.core.committer import Committer
+        from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
         from sqlsink.postgres.connection import connect
 
         self.conn = connect(
             self.options.url,
             self.options.password,
-            application_name=f"sqlsink {self.sink_id} commit",
+            application_name=appnames.committer(self.sink_id),
         )
         return Committer(PostgresBackend(self.conn), self.sink_id, timeouts=self.options.timeouts)
 

@@ -28,7 +28,8 @@ from psycopg import sql
 from sqlsink import cli
 from sqlsink.checkpoint import DecisionState, read_checkpoint, relate
 from sqlsink.core.gid import Gid
-from sqlsink.postgres.backend import PostgresBackend, lock_key
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.locks import lock_key
 from sqlsink.postgres.schema import ensure_schema, latest_version
 from tests.fix_pg import PgServer, prepared_transactions
 

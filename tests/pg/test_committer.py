@@ -19,7 +19,7 @@ from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import CommitError, DataLossError, SinkBindingError
-from sqlsink.postgres import backend
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, forget_sink, prepared_transactions
@@ -140,7 +140,7 @@ def test_markers_go_when_a_batch_completes_and_stay_with_a_warning_without_delet
             names = [sql.Identifier(target)] if grant.count("{}") == 2 else []
             pg_conn.execute(sql.SQL(grant).format(*names, sql.Identifier(role)))
         as_role = psycopg.conninfo.make_conninfo(pg_url, user=role)
-        backend.warn_markers_kept.cache_clear()
+        commit_log.warn_markers_kept.cache_clear()
         with (
             psycopg.connect(as_role, autocommit=True) as conn,
             caplog.at_level(logging.WARNING, logger="sqlsink"),

@@ -14,10 +14,11 @@ import pytest
 from psycopg import sql
 
 from sqlsink.core.faults import ENV as FAULTS_ENV
+from sqlsink.core.model import TaskIdentity
 from sqlsink.errors import TransientError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.partition import TaskIdentity, write_partition
+from sqlsink.postgres.partition import write_partition
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import plan_target
 from tests.fix_pg import PgServer, prepared_transactions
