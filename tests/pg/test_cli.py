@@ -27,6 +27,7 @@ from psycopg import sql
 
 from sqlsink import cli
 from sqlsink.checkpoint import DecisionState, read_checkpoint, relate
+from sqlsink.cli import recover as cli_recover
 from sqlsink.core.gid import Gid
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import lock_key
@@ -675,7 +676,7 @@ def test_long_plans_show_progress_on_stderr(
     db: Db, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gids = [prepare(db, "a", b, 0, range(b * 10, b * 10 + 1)) for b in range(5)]
-    monkeypatch.setattr(cli, "PROGRESS_EVERY", 2)
+    monkeypatch.setattr(cli_recover, "PROGRESS_EVERY", 2)
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "10")  # main() sets it when unset: keep it local
     assert cli.main(["recover", "--url", db.url]) == 0
     captured = capsys.readouterr()

@@ -1,0 +1,255 @@
+"""The ``--json`` contract of ``sqlsink``: one ``TypedDict`` per document and object.
+
+With ``--json`` every command prints exactly one object on stdout: a
+``RecoverDocument``, ``StatusDocument`` or ``CheckDocument``. Each is the common
+``Envelope`` plus the command's own keys. When a command fails before it starts (no
+``--url``), only the ``Envelope`` is printed, with ``error`` set; any later failure
+prints the whole document, ``error`` set, the keys it did not reach holding their
+empty values (``[]``, ``None``), as ``start`` in each command module made them.
+
+Versioning (``JSON_VERSION``, the ``version`` key): keys may be added under the same
+version; renaming or removing a key, or changing its type, bumps the version.
+
+Timestamps are ``datetime`` here and ISO-8601 strings in the JSON. Users' reference:
+``docs/cli-json.md``; ``tests/pg/test_cli_contract.py`` checks real output against
+these types.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, TypedDict
+
+JSON_VERSION = 1
+
+CommandName = Literal["recover", "status", "check"]
+NoticeLevel = Literal["info", "warning", "error"]
+
+
+# -- every command ------------------------------------------------------------------------
+
+
+class NoticeJson(TypedDict):
+    """An item of ``warnings``: something to look at, and what to do about it."""
+
+    level: NoticeLevel
+    sink_id: str | None  # the sink it is about, if one
+    message: str
+    fix: str | None
+
+
+class ErrorJson(TypedDict):
+    """Why the command stopped (exit 2 or 3): nothing, or not all, was done."""
+
+    message: str
+    fix: str | None
+
+
+class Envelope(TypedDict):
+    """The keys of every document, in this order, before the command's own."""
+
+    version: int  # JSON_VERSION
+    command: CommandName
+    url: str | None  # --url with its password replaced by ***; null when none was given
+    database: str | None  # null until connected
+    role: str | None
+    superuser: bool | None
+    warnings: list[NoticeJson]
+    error: ErrorJson | None
+    exit_code: int  # the process's exit code: 0, 1, 2 or 3
+
+
+class SessionJson(TypedDict):
+    """A server session of the sink (a partition task, its committer, a lock holder)."""
+
+    pid: int
+    application_name: str
+    user: str | None
+    client: str | None  # the client's address; null for a local socket
+    state: str | None  # pg_stat_activity.state
+    backend_start: datetime | None
+
+
+class DataLossJson(TypedDict):
+    """A decided transaction that is neither prepared nor committed: its rows are lost."""
+
+    sink_id: str
+    batch_id: int
+    partition_id: int | None  # null when the gid does not parse
+    gid: str
+
+
+# -- recover ------------------------------------------------------------------------------
+
+RecoverStatus = Literal["nothing to do", "planned", "recovered", "refused", "failed", "data loss"]
+ActionName = Literal["commit", "rollback", "leave"]  # the values of core.resolution.Action
+ActionResult = Literal["committed", "rolled back", "already finished"]
+CheckpointDecision = Literal["complete", "incomplete", "none"]
+CheckpointLevel = Literal["ok", "info", "warning"]
+
+
+class RecoverSinkJson(TypedDict):
+    """One sink that ``recover`` looked at."""
+
+    sink_id: str
+    bound_query_id: str | None  # the streaming query the sink is bound to
+    live: bool  # connected tasks or committer, or its lock held by another session
+    lock: Literal["free", "held"]  # the sink's lock when recover tried to take it
+    lock_holders: list[SessionJson]
+    sessions: list[SessionJson]
+    status: RecoverStatus
+    message: str | None  # why refused, failed or data loss
+    committed: int  # gids committed by this run
+    rolled_back: int
+    already_committed: int  # decided gids found already committed
+    completed_batches: list[int]  # batches this run marked complete
+
+
+class ActionJson(TypedDict):
+    """A prepared transaction of the cluster and what recover did or would do with it.
+
+    Every prepared transaction is listed: the sinks' (commit, rollback, or leave when
+    not provably theirs) and everybody else's (leave)."""
+
+    gid: str
+    sink_id: str | None  # null: not a sqlsink gid
+    batch_id: int | None
+    partition_id: int | None
+    run_id: str | None
+    database: str
+    owner: str
+    prepared_at: datetime
+    age_seconds: float
+    action: ActionName
+    reason: str
+    done: bool  # committed or rolled back by this run
+    result: ActionResult | None  # null for leave, and for what was not done
+
+
+class CheckpointBatchJson(TypedDict):
+    """How one batch of Spark's checkpoint relates to the commit log."""
+
+    batch_id: int
+    offsets: bool  # Spark planned it (offsets/N)
+    spark_committed: bool  # Spark committed it (commits/N)
+    decision: CheckpointDecision
+    rows: int | None
+    state: str  # a key of sqlsink.checkpoint.STATES
+    level: CheckpointLevel
+    message: str
+
+
+class CheckpointJson(TypedDict):
+    """``recover --checkpoint``: the checkpoint beside the commit log."""
+
+    path: str
+    query_id: str
+    sink_id: str
+    bound_query_id: str | None
+    last_offsets_batch: int | None
+    last_committed_batch: int | None
+    problems: list[str]  # unreadable checkpoint entries, ignored
+    batches: list[CheckpointBatchJson]
+
+
+class RecoverDocument(Envelope):
+    dry_run: bool
+    forced: bool
+    sinks: list[RecoverSinkJson]
+    actions: list[ActionJson]
+    data_loss: list[DataLossJson]
+    checkpoint: CheckpointJson | None  # null without --checkpoint
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+class RecentBatchJson(TypedDict):
+    """A recent decision of the sink, newest first."""
+
+    batch_id: int
+    rows: int
+    gids: int  # how many partition transactions the decision names
+    decided_at: datetime
+    completed_at: datetime | None  # null: some of its gids are not committed yet
+    query_id: str | None
+    run_id: str | None
+    rows_per_second: float | None
+    lag_seconds: float | None  # from the batch's first write until it was complete
+    commit_ms: float | None
+    orphans: int | None
+
+
+class PreparedJson(TypedDict):
+    """An open prepared transaction of the sink, in this database."""
+
+    gid: str
+    batch_id: int
+    partition_id: int
+    run_id: str
+    database: str
+    owner: str
+    prepared_at: datetime
+    age_seconds: float
+    decided: bool  # its batch's decision names it: recover commits it
+
+
+class StatusSinkJson(TypedDict):
+    sink_id: str
+    bound_query_id: str | None
+    bound_at: datetime | None
+    decisions: int
+    last_decided_batch: int | None
+    last_complete_batch: int | None
+    incomplete_batches: list[int]
+    recent_batches: list[RecentBatchJson]
+    prepared: list[PreparedJson]
+    live: bool
+    sessions: list[SessionJson]
+    lock_holders: list[SessionJson]
+
+
+class OtherPreparedJson(TypedDict):
+    """A prepared transaction that is not this tool's to resolve here."""
+
+    gid: str
+    database: str
+    owner: str
+    prepared_at: datetime
+    age_seconds: float
+    reason: str  # e.g. "not a sqlsink transaction", "belongs to sink b"
+
+
+class StatusDocument(Envelope):
+    server_time: datetime | None  # null only when error is set
+    max_age_seconds: float
+    sinks: list[StatusSinkJson]
+    other_prepared: list[OtherPreparedJson]
+    data_loss: list[DataLossJson]
+
+
+# -- check --------------------------------------------------------------------------------
+
+
+FindingLevel = Literal["ok", "info", "warning", "error"]
+
+
+class FindingJson(TypedDict):
+    """One verdict on one server setting or privilege."""
+
+    level: FindingLevel
+    setting: str
+    value: str | None
+    source: str | None  # where the value comes from
+    message: str
+    fix: str | None  # the statement to run
+
+
+class CheckDocument(Envelope):
+    server_version: str | None  # null only when error is set
+    trigger_interval_seconds: float | None
+    findings: list[FindingJson]
+
+
+# What ``--json`` prints: a command's document, or (error set) only the envelope.
+Document = RecoverDocument | StatusDocument | CheckDocument | Envelope

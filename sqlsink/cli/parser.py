@@ -1,0 +1,267 @@
+"""The command line: its arguments, and ``main``, which runs a command and maps every
+failure to one line on stderr (and the document's ``error``) and an exit code.
+
+Usage errors (a bad flag, a malformed duration or sink id) are argparse's: a message
+on stderr and exit 2, without JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import psycopg
+
+from sqlsink.cli import check, recover, status
+from sqlsink.cli.connect import SCHEMA_FIX
+from sqlsink.cli.contract import Envelope
+from sqlsink.cli.output import (
+    EXIT_ERROR,
+    EXIT_LOSS,
+    EXIT_WARN,
+    CliError,
+    Output,
+    fail,
+    new_envelope,
+)
+from sqlsink.core.gid import check_sink_id
+from sqlsink.errors import ConfigError, DataLossError, SqlsinkError, TransientError
+from sqlsink.options import parse_duration
+
+FORCE_HELP = """\
+recover even though the sink looks live (its partition tasks or its committer
+are connected, or another session holds the sink's lock). The tool still takes
+the sink's lock, waiting up to --lock-timeout, so it never acts in the middle
+of a commit. What it risks: the gids of a batch that the live driver is about
+to decide are rolled back; that batch then fails its commit ("no longer
+prepared") and Spark retries it. Never data loss: before writing a decision the
+committer re-checks, under the same lock, that every gid is still prepared.
+A running query resolves its own leftovers at its next batch: you rarely need
+this. Use it when the "live" session is a stuck or dead process."""
+
+CONNECT_FIX = (
+    "check that the server is up, and the host, port, "
+    "database and user of --url (and PGPASSWORD / ~/.pgpass)"
+)
+
+DocT = TypeVar("DocT", bound=Envelope)
+
+
+@dataclass(frozen=True)
+class Command(Generic[DocT]):
+    """A subcommand. ``start`` adds the command's keys, empty, to the envelope, so that a
+    failure part-way still prints a whole document; ``run`` does the work and fills them
+    in, and returns the exit code."""
+
+    start: Callable[[argparse.Namespace, Envelope], DocT]
+    run: Callable[[argparse.Namespace, Output, DocT], int]
+
+
+# -- arguments ----------------------------------------------------------------------------
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration("duration", text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (e.g. 0s, 30s, 500ms, 5min, 2h)"
+        ) from None
+
+
+def _sink_id(text: str) -> str:
+    try:
+        return check_sink_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sqlsink",
+        description="On-call tool of the sqlsink exactly-once sink: resolve prepared "
+        "transactions, show the commit log, check the server.",
+        epilog="Exit codes: 0 all well; 1 warnings or something left to do; 2 usage, "
+        "connection or permission error; 3 data loss.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_recover(sub)
+    _add_status(sub)
+    _add_check(sub)
+    return parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=os.environ.get("SQLSINK_URL"),
+        help="PostgreSQL URL or conninfo of the sink's database (default: $SQLSINK_URL). "
+        "Prefer PGPASSWORD or ~/.pgpass to a password in the URL",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout (see the "
+        "module documentation of sqlsink.cli for its shape)",
+    )
+
+
+def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "recover",
+        help="commit or roll back the prepared transactions a sink left behind",
+        description="Resolve the prepared transactions of a sink (or of every sink in the "
+        "database) with the sink's own rule: a gid its batch's decision names is committed, "
+        "any other gid of the sink is rolled back; transactions not provably the sink's "
+        "(other applications, other sinks, other databases) are never touched. Refuses "
+        "while the sink is live unless --force.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    _add_common(p)
+    p.add_argument(
+        "--sink-id",
+        type=_sink_id,
+        help="the sink to recover (default: every "
+        "sink with leftovers;\nwith --checkpoint: the checkpoint's query id)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="the query's checkpoint directory: "
+        "report how Spark's\noffsets/commits relate to the commit log; refuse if "
+        "the sink\nis bound to another query",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.add_argument(
+        "--lock-timeout",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="with --force: how long to wait for the sink's lock (default 30s)",
+    )
+    p.set_defaults(handler=Command(recover.start, recover.run))
+
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="the commit log, open prepared transactions, warnings")
+    _add_common(p)
+    p.add_argument("--sink-id", type=_sink_id, help="only this sink (default: every sink)")
+    p.add_argument(
+        "--max-age",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="warn about prepared transactions and unfinished decisions "
+        "older than this (default 5min)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="how many recent batches to show per sink (default 5)",
+    )
+    p.set_defaults(handler=Command(status.start, status.run))
+
+
+def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("check", help="the server settings and privileges the sink needs")
+    _add_common(p)
+    p.add_argument(
+        "--trigger-interval",
+        type=_duration,
+        metavar="DURATION",
+        help="the query's trigger interval, to judge timeouts against",
+    )
+    p.set_defaults(handler=Command(check.start, check.run))
+
+
+# -- entry point --------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Output(args.json, args.url, sys.stdout, sys.stderr)
+    command: Command[Any] = args.handler
+    doc: Envelope = new_envelope(args.command, out.shown_url if args.url else None)
+    try:
+        if not args.url:
+            raise CliError("no database given", "pass --url URL or set SQLSINK_URL")
+        doc = command.start(args, doc)
+        code = command.run(args, out, doc)
+    except KeyboardInterrupt:
+        out.error("sqlsink: interrupted")
+        return 130
+    except BrokenPipeError:  # e.g. | head: stop quietly
+        return _broken_pipe()
+    except Exception as exc:
+        code = _failed(out, doc, exc)
+    doc["exit_code"] = code
+    if out.json_mode:
+        try:
+            out.emit_json(doc)
+        except BrokenPipeError:
+            return _broken_pipe()
+    return code
+
+
+def _failed(out: Output, doc: Envelope, exc: Exception) -> int:
+    """Say why the command stopped; a bug shows where, without secrets."""
+    failure = _explain(exc)
+    if failure is None:
+        out.error("sqlsink: internal error (please report it):\n" + traceback.format_exc())
+        doc["error"] = {"message": "internal error", "fix": None}
+        return EXIT_ERROR
+    message, fix, code = failure
+    return fail(out, doc, message, fix, code)
+
+
+def _explain(exc: Exception) -> tuple[str, str | None, int] | None:
+    """(message, fix, exit code) of an expected failure; None for a bug."""
+    if isinstance(exc, CliError):
+        return exc.message, exc.fix, exc.exit_code
+    if isinstance(exc, DataLossError):
+        return exc.message, None, EXIT_LOSS
+    if isinstance(exc, TransientError):
+        return exc.message, CONNECT_FIX, EXIT_ERROR
+    if isinstance(exc, SqlsinkError):
+        return exc.message, None, EXIT_ERROR
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        diag = _diag(exc)
+        message = diag if diag.startswith("permission denied") else f"permission denied: {diag}"
+        fix = "connect as the sink's role (the owner of the sqlsink schema) or a superuser"
+        return message, fix, EXIT_ERROR
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return f"the sqlsink commit log is incomplete: {_diag(exc)}", SCHEMA_FIX, EXIT_ERROR
+    if isinstance(exc, psycopg.OperationalError):
+        message = f"lost the connection to PostgreSQL: {_diag(exc)}"
+        return message, "run the command again: recovery is idempotent", EXIT_ERROR
+    if isinstance(exc, psycopg.Error):
+        return f"PostgreSQL error: {_diag(exc)}", None, EXIT_ERROR
+    return None
+
+
+def _broken_pipe() -> int:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: let it go nowhere
+    return EXIT_WARN
+
+
+def _diag(exc: psycopg.Error) -> str:
+    return (exc.diag.message_primary or str(exc)).strip()

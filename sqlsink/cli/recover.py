@@ -1,0 +1,301 @@
+"""``sqlsink recover``: commit or roll back the prepared transactions a sink left behind.
+
+It resolves them with the sink's own committer (``sqlsink.core.committer.Committer``
+on ``PostgresBackend``): the same rule, under the same lock. For each sink it looks at
+liveness and takes the sink's lock, plans, and acts; it refuses to act on a sink that
+is live unless ``--force``. ``recover_report`` turns the result into the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlsink.checkpoint import Checkpoint, read_checkpoint
+from sqlsink.cli.connect import identify, open_connection, require_schema
+from sqlsink.cli.contract import ActionResult, Envelope, RecoverDocument
+from sqlsink.cli.loss import confirmed_losses, loss_json
+from sqlsink.cli.output import Notice, Output, header, print_warnings
+from sqlsink.cli.recover_checkpoint import (
+    check_checkpoint_binding,
+    relate_checkpoint,
+    sink_id_of_checkpoint,
+)
+from sqlsink.cli.recover_report import (
+    SinkRecovery,
+    all_actions,
+    foreign_warnings,
+    print_recover,
+    print_result,
+    recover_exit_code,
+    sink_json,
+    sink_warnings,
+    unknown_sink_warning,
+)
+from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
+from sqlsink.core.resolution import Scope
+from sqlsink.errors import ConfigError, DataLossError
+from sqlsink.postgres import status as st
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.connection import Connection
+
+PROGRESS_EVERY = 100
+
+
+class RecordingBackend(PostgresBackend):
+    """The sink's backend, recording each COMMIT/ROLLBACK PREPARED and showing progress."""
+
+    def __init__(self, conn: Connection, progress: Callable[[int], None]) -> None:
+        super().__init__(conn)
+        self.progress = progress
+        self.finished: dict[str, ActionResult] = {}
+
+    def commit_prepared(self, gid: str) -> bool:
+        return self._record(gid, super().commit_prepared(gid), "committed")
+
+    def rollback_prepared(self, gid: str) -> bool:
+        return self._record(gid, super().rollback_prepared(gid), "rolled back")
+
+    def _record(self, gid: str, done: bool, what: ActionResult) -> bool:
+        self.finished[gid] = what if done else "already finished"
+        self.progress(len(self.finished))
+        return done
+
+
+@dataclass
+class Recovery:
+    """One run of the command: its flags, its session, and each sink's recovery."""
+
+    conn: Connection
+    out: Output
+    me: st.RoleInfo
+    sink_id: str | None  # --sink-id, or the checkpoint's query id; None: every sink
+    dry_run: bool
+    force: bool
+    lock_timeout: float
+    bound: dict[str, st.SinkRow]  # every sink of the database, with its query
+    sinks: list[SinkRecovery] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
+    total: int = 0  # prepared transactions to finish, for the progress notes
+    backend: RecordingBackend = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backend = RecordingBackend(self.conn, self._progress)
+
+    def resolve(self) -> None:
+        """Survey and plan each sink, then act on those whose lock this session holds."""
+        targets = [self.sink_id] if self.sink_id else self._sinks_with_leftovers()
+        bound = self.bound
+        self.sinks = [SinkRecovery(s, bound[s].query_id if s in bound else None) for s in targets]
+        try:
+            for sink in self.sinks:
+                self._prepare(sink)
+            if not self.dry_run:
+                self._act()
+        finally:
+            for sink in self.sinks:
+                if sink.locked:
+                    st.unlock_sink(self.conn, sink.sink_id)
+                    sink.locked = False
+
+    def _sinks_with_leftovers(self) -> list[str]:
+        """Every sink with a prepared gid in this database, or an incomplete decision."""
+        found = {d.sink_id for d in st.incomplete_decisions(self.conn)}
+        for txn in self.backend.prepared(None):
+            gid = Gid.parse(txn.gid)
+            if gid is not None and txn.database == self.backend.database:
+                found.add(gid.sink_id)
+        return sorted(found)
+
+    # -- before acting: liveness, the lock, the plan ----------------------------------------
+
+    def _prepare(self, sink: SinkRecovery) -> None:
+        """Liveness, the sink lock and the plan of one sink; a refusal when it is live."""
+        sink.locked = st.try_sink_lock(self.conn, sink.sink_id)
+        sink.lock_busy = not sink.locked
+        sink.holders = [] if sink.locked else st.lock_holders(self.conn, sink.sink_id)
+        sink.sessions = st.sink_sessions(st.sqlsink_sessions(self.conn), sink.sink_id)
+        committer = Committer(self.backend, sink.sink_id)
+        if self.dry_run:
+            self._plan_only(sink, committer)
+        elif sink.live and not self.force:
+            sink.plan = committer.plan(Scope.everything())
+            self._refuse(
+                sink,
+                f"the sink is live: {sink.evidence()}. Nothing was done for it: a "
+                "running query resolves its own leftovers at its next batch",
+            )
+        elif sink.locked or self._wait_for_lock(sink, committer):
+            sink.plan = committer.plan(Scope.everything())
+            self._refuse_foreign_owners(sink)
+
+    def _plan_only(self, sink: SinkRecovery, committer: Committer) -> None:
+        """A dry run: the plan and the losses, without the lock; a live sink is said."""
+        sink.plan = committer.plan(Scope.everything())
+        sink.lost = confirmed_losses(self.conn, sink.plan)
+        if sink.locked:
+            st.unlock_sink(self.conn, sink.sink_id)
+            sink.locked = False
+        sink.status = "planned" if sink.to_do() else "nothing to do"
+        if sink.lost:
+            sink.status = "data loss"
+        if sink.live:
+            self.warnings.append(
+                Notice(
+                    "warning",
+                    f"the sink looks live ({sink.evidence()}); a real run would refuse without "
+                    "--force",
+                    None,
+                    sink.sink_id,
+                )
+            )
+
+    def _wait_for_lock(self, sink: SinkRecovery, committer: Committer) -> bool:
+        """--force on a live sink: wait for its lock; refuse when it stays held."""
+        self.out.note(
+            f"sqlsink recover: sink {sink.sink_id}: --force: waiting up to "
+            f"{self.lock_timeout:g}s for the sink's lock ({sink.evidence()})"
+        )
+        sink.locked = st.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
+        if sink.locked:
+            return True
+        sink.holders = st.lock_holders(self.conn, sink.sink_id) or sink.holders
+        sink.plan = committer.plan(Scope.everything())
+        self._refuse(
+            sink,
+            f"the sink's lock is still held after {self.lock_timeout:g}s "
+            f"({sink.evidence()}); nothing was done for it",
+        )
+        return False
+
+    def _refuse_foreign_owners(self, sink: SinkRecovery) -> None:
+        """Only a prepared transaction's owner (or a superuser) may finish it."""
+        if self.me.superuser:
+            return
+        role = self.me.role
+        owners = sorted({a.prepared.owner for a in sink.to_do() if a.prepared.owner != role})
+        if owners:
+            message = (
+                f"transactions of this sink were prepared by role(s) {', '.join(owners)}; "
+                f"only that role or a superuser may COMMIT/ROLLBACK PREPARED them, and this is "
+                f"role {role}. Nothing was done for this sink. Fix: run recover connected "
+                f"as {owners[0]} or as a superuser"
+            )
+            self._refuse(sink, message, failed=True)
+
+    def _refuse(self, sink: SinkRecovery, message: str, failed: bool = False) -> None:
+        """Nothing is done for this sink; data loss is still looked for (read-only)."""
+        if sink.locked:
+            st.unlock_sink(self.conn, sink.sink_id)
+            sink.locked = False
+        sink.status = "failed" if failed else "refused"
+        sink.message = message
+        if sink.plan is not None:
+            sink.lost = confirmed_losses(self.conn, sink.plan)
+
+    # -- acting -----------------------------------------------------------------------------
+
+    def _act(self) -> None:
+        self.total = sum(len(s.to_do()) for s in self.sinks if s.locked)
+        if self.total >= PROGRESS_EVERY:
+            self.out.note(f"sqlsink recover: finishing {self.total} prepared transactions ...")
+        for sink in self.sinks:
+            if sink.locked:
+                self._recover(sink)
+
+    def _recover(self, sink: SinkRecovery) -> None:
+        """The committer's own recovery, under the lock this session holds; then unlock."""
+        try:
+            sink.plan, sink.report = Committer(self.backend, sink.sink_id).recover()
+            report = sink.report
+            did = (
+                report.committed
+                or report.rolled_back
+                or report.completed_batches
+                or report.already_committed
+            )
+            sink.status = "recovered" if did else "nothing to do"
+        except DataLossError as exc:
+            sink.status = "data loss"
+            sink.lost = list(exc.context.get("lost", []))
+            sink.message = exc.message
+        except ConfigError as exc:  # e.g. COMMIT PREPARED by a role that did not prepare
+            sink.status = "failed"
+            sink.message = exc.message
+        finally:
+            st.unlock_sink(self.backend.conn, sink.sink_id)
+            sink.locked = False
+
+    def _progress(self, done: int) -> None:
+        if done % PROGRESS_EVERY == 0:
+            self.out.note(f"sqlsink recover: {done}/{self.total} prepared transactions finished")
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def start(args: argparse.Namespace, envelope: Envelope) -> RecoverDocument:
+    return {
+        **envelope,
+        "dry_run": args.dry_run,
+        "forced": args.force,
+        "sinks": [],
+        "actions": [],
+        "data_loss": [],
+        "checkpoint": None,
+    }
+
+
+def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
+    checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
+    sink_id: str | None = args.sink_id
+    if sink_id is None and checkpoint is not None:
+        sink_id = sink_id_of_checkpoint(checkpoint)
+    with open_connection(args.url, "recover") as conn:
+        me = identify(conn, doc)
+        require_schema(conn, me)
+        recovery = Recovery(
+            conn, out, me, sink_id, args.dry_run, args.force, args.lock_timeout, st.sinks(conn)
+        )
+        if checkpoint is not None and sink_id is not None:
+            check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
+        mode = " (dry run: nothing is changed)" if args.dry_run else ""
+        header(out, "recover", me, mode)
+        recovery.resolve()
+        return _report(recovery, checkpoint, doc)
+
+
+def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocument) -> int:
+    """The warnings, the human report and the document; the exit code."""
+    conn, out, sink_id, sinks = recovery.conn, recovery.out, recovery.sink_id, recovery.sinks
+    database = recovery.me.database
+    now = st.server_now(conn)
+    finished = recovery.backend.finished
+    actions = all_actions(conn, sinks, finished, recovery.backend.database, sink_id, now)
+    lost = [(sink.sink_id, batch, gid) for sink in sinks for batch, gid in sink.lost]
+    warnings = recovery.warnings
+    for sink in sinks:
+        warnings += sink_warnings(sink, recovery.dry_run, out)
+    if (
+        sink_id is not None
+        and sink_id not in recovery.bound
+        and not any(a["sink_id"] == sink_id for a in actions)
+    ):
+        warnings.append(unknown_sink_warning(sink_id, database))
+    warnings += foreign_warnings(actions, sink_id, database)
+    checkpoint_doc = None
+    if checkpoint is not None and sink_id is not None:
+        checkpoint_doc = relate_checkpoint(conn, checkpoint, sink_id, recovery.bound, warnings)
+
+    print_recover(out, sinks, actions, lost, checkpoint_doc, recovery.dry_run)
+    print_warnings(out, warnings)
+    doc["sinks"] = [sink_json(sink, actions) for sink in sinks]
+    doc["actions"] = actions
+    doc["data_loss"] = [loss_json(s, b, g) for s, b, g in lost]
+    doc["checkpoint"] = checkpoint_doc
+    doc["warnings"] = [w.as_json() for w in warnings]
+    code = recover_exit_code(sinks, actions, warnings, lost)
+    print_result(out, sinks, actions, recovery.dry_run, code)
+    return code

@@ -1,0 +1,160 @@
+"""``recover --checkpoint``: Spark's checkpoint beside the sink's commit log.
+
+The checkpoint names the sink (its query id, unless ``--sink-id``), must belong to the
+query the sink is bound to, and is related batch by batch to the commit log
+(``sqlsink.checkpoint.relate``), for the report.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from sqlsink.checkpoint import BatchRelation, Checkpoint, DecisionState, relate
+from sqlsink.cli.contract import (
+    CheckpointBatchJson,
+    CheckpointDecision,
+    CheckpointJson,
+    CheckpointLevel,
+)
+from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.core.gid import Gid, check_sink_id
+from sqlsink.errors import ConfigError
+from sqlsink.postgres import status as st
+from sqlsink.postgres.connection import Connection
+
+
+def sink_id_of_checkpoint(checkpoint: Checkpoint) -> str:
+    try:
+        return check_sink_id(checkpoint.query_id)
+    except ConfigError:
+        raise CliError(
+            f"the checkpoint's query id {checkpoint.query_id[:80]!r} is not a valid sink id",
+            "pass the sink's id with --sink-id",
+        ) from None
+
+
+def check_checkpoint_binding(
+    checkpoint: Checkpoint, sink_id: str, bound: dict[str, st.SinkRow], me: st.RoleInfo
+) -> None:
+    """Refuse a checkpoint of another query than the one the sink is bound to."""
+    row = bound.get(sink_id)
+    if row is None or row.query_id is None or row.query_id == checkpoint.query_id:
+        return
+    raise CliError(
+        f"sink {sink_id} (database {me.database}) is bound to streaming query {row.query_id}, "
+        f"but checkpoint {checkpoint.path} belongs to query {checkpoint.query_id}: this "
+        "checkpoint and this sink do not belong together, so nothing was done",
+        "pass the checkpoint of the query that writes this sink, or the sink id that this "
+        "query uses (--sink-id); a new query reusing the sink id is refused by the sink too",
+    )
+
+
+def relate_checkpoint(
+    conn: Connection,
+    checkpoint: Checkpoint,
+    sink_id: str,
+    bound: dict[str, st.SinkRow],
+    warnings: list[Notice],
+) -> CheckpointJson:
+    """Each batch of the checkpoint against the commit log; its problems as warnings."""
+    known = set(checkpoint.offsets) | checkpoint.commits
+    oldest = min(known) if known else 0
+    decisions = st.decisions_from(conn, sink_id, oldest)
+    summary = st.batch_summary(conn, sink_id)
+    prepared = _prepared_here(conn, sink_id)
+    states = {
+        b: DecisionState(
+            d.completed_at is not None, d.rows, len(d.gids), sum(1 for g in d.gids if g in prepared)
+        )
+        for b, d in decisions.items()
+    }
+    undecided: dict[int, int] = {}
+    for gid in prepared.values():
+        if gid.batch_id not in decisions and gid.batch_id >= oldest:
+            undecided[gid.batch_id] = undecided.get(gid.batch_id, 0) + 1
+    relations = relate(
+        checkpoint, states, undecided_prepared=undecided, first_decided=summary.first_decided
+    )
+    for problem in checkpoint.problems:
+        warnings.append(Notice("warning", f"checkpoint: {problem}", None, sink_id))
+    for r in relations:
+        if r.level == "warning":
+            warnings.append(Notice("warning", r.message, None, sink_id))
+    row = bound.get(sink_id)
+    return {
+        "path": str(checkpoint.path),
+        "query_id": checkpoint.query_id,
+        "sink_id": sink_id,
+        "bound_query_id": row.query_id if row else None,
+        "last_offsets_batch": checkpoint.last_offsets,
+        "last_committed_batch": checkpoint.last_commit,
+        "problems": list(checkpoint.problems),
+        "batches": [_batch_json(r) for r in relations],
+    }
+
+
+def _prepared_here(conn: Connection, sink_id: str) -> dict[str, Gid]:
+    """The sink's prepared gids in this database."""
+    database = str(conn.info.dbname)
+    prepared: dict[str, Gid] = {}
+    for txn in st.all_prepared(conn):
+        gid = Gid.parse(txn.gid)
+        if gid is not None and gid.sink_id == sink_id and txn.database == database:
+            prepared[txn.gid] = gid
+    return prepared
+
+
+def _batch_json(r: BatchRelation) -> CheckpointBatchJson:
+    # BatchRelation types decision and level as str; the contract test checks the values
+    return {
+        "batch_id": r.batch_id,
+        "offsets": r.offsets,
+        "spark_committed": r.spark_committed,
+        "decision": cast(CheckpointDecision, r.decision),
+        "rows": r.rows,
+        "state": r.state,
+        "level": cast(CheckpointLevel, r.level),
+        "message": r.message,
+    }
+
+
+def print_checkpoint(out: Output, doc: CheckpointJson) -> None:
+    out.line()
+    last_o, last_c = doc["last_offsets_batch"], doc["last_committed_batch"]
+    out.line(
+        f"checkpoint {doc['path']} (query {doc['query_id']}): offsets up to batch "
+        f"{'-' if last_o is None else last_o}, commits up to batch "
+        f"{'-' if last_c is None else last_c}"
+    )
+    batches = doc["batches"]
+    i = 0
+    while i < len(batches):
+        b = batches[i]
+        if b["state"] != "consistent":
+            mark = "!" if b["level"] == "warning" else " "
+            out.line(f"{mark} {b['message']}")
+            i += 1
+            continue
+        j = _end_of_consistent_run(batches, i)
+        if j > i:
+            out.line(
+                f"  batches {b['batch_id']}-{batches[j]['batch_id']}: committed in Spark "
+                "and in PostgreSQL"
+            )
+        else:
+            out.line(f"  {b['message']}")
+        i = j + 1
+    if not batches:
+        out.line("  the checkpoint holds no batches yet, and the sink no decisions")
+
+
+def _end_of_consistent_run(batches: list[CheckpointBatchJson], i: int) -> int:
+    """The last index of the run of consecutive consistent batches that starts at i."""
+    j = i
+    while (
+        j + 1 < len(batches)
+        and batches[j + 1]["state"] == "consistent"
+        and batches[j + 1]["batch_id"] == batches[j]["batch_id"] + 1
+    ):
+        j += 1
+    return j

@@ -1,0 +1,321 @@
+"""What ``sqlsink recover`` found and did, per sink, and how it is reported.
+
+``SinkRecovery`` is the record of one sink; the functions below turn the records into
+the JSON document (``sqlsink.cli.contract``), the warnings and the human report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlsink.cli.contract import (
+    ActionJson,
+    ActionResult,
+    CheckpointJson,
+    NoticeLevel,
+    RecoverSinkJson,
+    RecoverStatus,
+)
+from sqlsink.cli.loss import LOSS_FIX, loss_message, print_losses
+from sqlsink.cli.output import (
+    EXIT_OK,
+    EXIT_WARN,
+    Notice,
+    Output,
+    exit_code,
+    format_age,
+    session_json,
+    table,
+)
+from sqlsink.cli.recover_checkpoint import print_checkpoint
+from sqlsink.core.model import ResolutionReport
+from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
+from sqlsink.postgres import status as st
+from sqlsink.postgres.connection import Connection
+
+
+@dataclass
+class SinkRecovery:
+    """One sink of a ``recover`` run: its liveness, its lock, its plan and what was done."""
+
+    sink_id: str
+    bound_query: str | None
+    locked: bool = False  # this session holds the sink's lock now
+    lock_busy: bool = False  # another session held it when we tried
+    holders: list[st.Session] = field(default_factory=list)
+    sessions: list[st.Session] = field(default_factory=list)
+    status: RecoverStatus = "planned"
+    message: str | None = None
+    plan: Plan | None = None
+    report: ResolutionReport | None = None
+    lost: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return self.lock_busy or bool(self.holders or self.sessions)
+
+    def evidence(self) -> str:
+        parts = []
+        if self.holders:
+            parts.append("its lock is held by " + ", ".join(s.describe() for s in self.holders))
+        holders = {s.pid for s in self.holders}
+        sessions = [s for s in self.sessions if s.pid not in holders]
+        if sessions:
+            parts.append("connected: " + ", ".join(s.describe() for s in sessions[:5]))
+            if len(sessions) > 5:
+                parts[-1] += f" and {len(sessions) - 5} more"
+        return "; ".join(parts) or "its lock is held by another session"
+
+    def to_do(self) -> list[PlannedAction]:
+        return [a for a in (self.plan.actions if self.plan else []) if a.action is not Action.LEAVE]
+
+
+# -- the actions --------------------------------------------------------------------------
+
+
+def all_actions(
+    conn: Connection,
+    sinks: list[SinkRecovery],
+    finished: Mapping[str, ActionResult],
+    database: str,
+    sink_id: str | None,
+    now: datetime,
+) -> list[ActionJson]:
+    """Every prepared transaction seen: the sinks' plans, then everybody else's (leave)."""
+    seen: dict[str, PlannedAction] = {}
+    for sink in sinks:
+        for action in sink.plan.actions if sink.plan else []:
+            if action.prepared.gid not in seen or action.action is not Action.LEAVE:
+                seen[action.prepared.gid] = action
+    rest = [t for t in st.all_prepared(conn) if t.gid not in seen]
+    # the others: labelled by the same rule, which leaves whatever is not the sink's
+    others = plan_resolution(rest, {}, database=database, sink_id=sink_id, scope=Scope.everything())
+    for action in others.actions:
+        if action.action is not Action.LEAVE:  # a sink's gid that appeared after the listing
+            reason = "prepared after this run listed the sinks: run recover again"
+            action = PlannedAction(action.prepared, action.gid, Action.LEAVE, reason)
+        seen[action.prepared.gid] = action
+    rows = [action_json(a, finished.get(a.prepared.gid), now) for a in seen.values()]
+    rows.sort(
+        key=lambda j: (
+            j["action"] == "leave", j["sink_id"] or "", j["batch_id"] or 0,
+            j["partition_id"] or 0, j["gid"],
+        )
+    )  # fmt: skip
+    return rows
+
+
+def action_json(action: PlannedAction, result: ActionResult | None, now: datetime) -> ActionJson:
+    txn, gid = action.prepared, action.gid
+    acts = action.action is not Action.LEAVE
+    return {
+        "gid": txn.gid,
+        "sink_id": gid.sink_id if gid else None,
+        "batch_id": gid.batch_id if gid else None,
+        "partition_id": gid.partition_id if gid else None,
+        "run_id": gid.run_id if gid else None,
+        "database": txn.database,
+        "owner": txn.owner,
+        "prepared_at": txn.prepared_at,
+        "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
+        "action": action.action.value,
+        "reason": action.reason,
+        "done": acts and result in ("committed", "rolled back"),
+        "result": result if acts else None,
+    }
+
+
+# -- warnings and the document ------------------------------------------------------------
+
+
+def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice]:
+    """A refusal, a failure, what a dry run leaves to do, a data loss."""
+    warnings: list[Notice] = []
+    fix_cmd = f"sqlsink recover --url '{out.shown_url}' --sink-id {sink.sink_id}"
+    if sink.status == "refused":
+        fix = (
+            f"stop the query and run: {fix_cmd}; or, if the live session is stuck or dead, "
+            f"add --force (see sqlsink recover --help)"
+        )
+        warnings.append(Notice("warning", sink.message or "refused", fix, sink.sink_id))
+    elif sink.status == "failed":
+        warnings.append(Notice("error", sink.message or "failed", None, sink.sink_id))
+    elif dry_run and sink.to_do() and not sink.lost:
+        n = len(sink.to_do())
+        message = f"{n} prepared transaction(s) to finish"
+        warnings.append(Notice("info", message, f"run: {fix_cmd}", sink.sink_id))
+    if sink.lost:  # the committer's own message when it raised the loss
+        said = sink.message if sink.status == "data loss" else None
+        warnings.append(Notice("error", said or loss_message(sink.lost), LOSS_FIX, sink.sink_id))
+    return warnings
+
+
+def unknown_sink_warning(sink_id: str, database: str) -> Notice:
+    return Notice(
+        "warning",
+        f"sink {sink_id} is unknown in database {database}: no commit log rows and "
+        "no prepared transactions",
+        "check --sink-id (the sinkId option, else the query id) and that --url names "
+        "the sink's database",
+        sink_id,
+    )
+
+
+def foreign_warnings(actions: list[ActionJson], sink_id: str | None, database: str) -> list[Notice]:
+    """The sink's gids in other databases: said, because they need a recover there."""
+    elsewhere: dict[str, int] = {}
+    for a in actions:
+        ours = a["sink_id"] is not None and (sink_id is None or a["sink_id"] == sink_id)
+        if ours and a["database"] != database:
+            elsewhere[a["database"]] = elsewhere.get(a["database"], 0) + 1
+    level: NoticeLevel = "warning" if sink_id is not None else "info"
+    who = f"sink {sink_id}" if sink_id else "sqlsink"
+    return [
+        Notice(
+            level,
+            f"{count} prepared transaction(s) of {who} are in database {other}, not in "
+            f"{database}: left untouched (a prepared transaction can only be finished "
+            "from its own database)",
+            f"run recover with --url naming database {other}",
+            sink_id,
+        )
+        for other, count in sorted(elsewhere.items())
+    ]
+
+
+def sink_json(sink: SinkRecovery, actions: list[ActionJson]) -> RecoverSinkJson:
+    report = sink.report or ResolutionReport()
+    results = [a["result"] for a in actions if a["sink_id"] == sink.sink_id]
+    return {
+        "sink_id": sink.sink_id,
+        "bound_query_id": sink.bound_query,
+        "live": sink.live,
+        "lock": "held" if sink.lock_busy else "free",
+        "lock_holders": [session_json(s) for s in sink.holders],
+        "sessions": [session_json(s) for s in sink.sessions],
+        "status": sink.status,
+        "message": sink.message,
+        "committed": results.count("committed"),
+        "rolled_back": results.count("rolled back"),
+        "already_committed": len(report.already_committed),
+        "completed_batches": sorted(report.completed_batches),
+    }
+
+
+def recover_exit_code(
+    sinks: list[SinkRecovery],
+    actions: list[ActionJson],
+    warnings: list[Notice],
+    lost: list[tuple[str, int, str]],
+) -> int:
+    """Loss 3, failure 2; 1 for warnings, a refusal, or an action not done."""
+    failed = any(s.status == "failed" for s in sinks)
+    code = exit_code(warnings, lost=bool(lost), failed=failed)
+    if code == EXIT_OK and (
+        any(s.status == "refused" for s in sinks)
+        or any(a["action"] != "leave" and a["result"] is None for a in actions)
+    ):
+        code = EXIT_WARN
+    return code
+
+
+# -- the human report ---------------------------------------------------------------------
+
+
+def print_recover(
+    out: Output,
+    sinks: list[SinkRecovery],
+    actions: list[ActionJson],
+    lost: list[tuple[str, int, str]],
+    checkpoint: CheckpointJson | None,
+    dry_run: bool,
+) -> None:
+    """Each sink in a line, what was (or would be) done, what was left, the losses, the
+    checkpoint."""
+    if out.json_mode:
+        return
+    if not sinks:
+        out.line("no sink has prepared transactions or unfinished decisions in this database")
+    for sink in sinks:
+        bound = f"bound to query {sink.bound_query}" if sink.bound_query else "not bound to a query"
+        live = "LIVE" if sink.live else "not live"
+        out.line(f"sink {sink.sink_id}: {bound}; {live}; {sink.status}")
+    refused = {s.sink_id for s in sinks if s.status in ("refused", "failed")}
+    out.line()
+    _print_acted([a for a in actions if a["action"] != "leave"], refused, dry_run, out)
+    _print_left([a for a in actions if a["action"] == "leave"], out)
+    print_losses(
+        out,
+        "DATA LOSS: decided transactions that are neither prepared nor committed "
+        "(rolled back by someone): their rows are missing",
+        lost,
+    )
+    if checkpoint is not None:
+        print_checkpoint(out, checkpoint)
+
+
+def _print_acted(acted: list[ActionJson], refused: set[str], dry_run: bool, out: Output) -> None:
+    if not acted:
+        out.line("nothing to commit or roll back")
+        return
+    rows = [
+        [
+            j["gid"], j["sink_id"], j["batch_id"], j["partition_id"],
+            format_age(j["age_seconds"]), j["owner"], j["action"],
+            f"would {j['action']}" if dry_run
+            else j["result"] or ("refused" if j["sink_id"] in refused else "not done"),
+            j["reason"],
+        ]
+        for j in acted
+    ]  # fmt: skip
+    head = ["GID", "SINK", "BATCH", "PART", "AGE", "OWNER", "ACTION", "DONE", "REASON"]
+    for text in table(head, rows, right={2, 3, 4}):
+        out.line(text)
+
+
+def _print_left(left: list[ActionJson], out: Output) -> None:
+    if not left:
+        return
+    out.line()
+    out.line("left untouched (not provably the recovered sinks', or not in this database):")
+    rows = [
+        [j["gid"], j["database"], j["owner"], format_age(j["age_seconds"]), j["reason"]]
+        for j in left
+    ]
+    for text in table(["GID", "DATABASE", "OWNER", "AGE", "REASON"], rows, right={3}):
+        out.line(text)
+
+
+def print_result(
+    out: Output, sinks: list[SinkRecovery], actions: list[ActionJson], dry_run: bool, code: int
+) -> None:
+    """The last line: the counts, and what the exit code means."""
+    results = [a["result"] for a in actions]  # what was done, even when a sink then failed
+    committed, rolled = results.count("committed"), results.count("rolled back")
+    already = sum(len(s.report.already_committed) for s in sinks if s.report)
+    completed = [
+        f"{s.sink_id}: {', '.join(map(str, sorted(s.report.completed_batches)))}"
+        for s in sinks
+        if s.report and s.report.completed_batches
+    ]
+    out.line()
+    kinds = [a["action"] for a in actions]
+    text = f"result: {committed} committed, {rolled} rolled back"
+    if dry_run:
+        text = (
+            f"plan: {kinds.count('commit')} to commit, {kinds.count('rollback')} to roll back, "
+            f"{kinds.count('leave')} left untouched"
+        )
+    if already:
+        text += f", {already} found already committed"
+    if completed:
+        text += f"; batches completed: {'; '.join(completed)}"
+    meaning = {
+        0: "all resolved",
+        1: "something is left to do (see above)",
+        2: "errors (see above)",
+        3: "DATA LOSS",
+    }
+    out.line(f"{text}. exit {code}: {meaning[code]}")

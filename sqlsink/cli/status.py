@@ -1,0 +1,295 @@
+"""``sqlsink status``: the commit log, open prepared transactions, warnings. Read-only.
+
+Every prepared transaction of the cluster is sorted into a sink's of this database, or
+another's (not a sqlsink gid, another database, another sink than ``--sink-id``). Each
+sink is then surveyed (``StatusScan.sink``); ``status_report`` prints the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlsink.cli.connect import identify, open_connection, require_schema
+from sqlsink.cli.contract import (
+    Envelope,
+    OtherPreparedJson,
+    PreparedJson,
+    RecentBatchJson,
+    StatusDocument,
+    StatusSinkJson,
+)
+from sqlsink.cli.loss import LOSS_FIX, confirmed_losses, loss_json, loss_message, print_losses
+from sqlsink.cli.output import (
+    CliError,
+    Notice,
+    Output,
+    exit_code,
+    format_age,
+    format_time,
+    header,
+    print_warnings,
+    session_json,
+)
+from sqlsink.cli.status_report import SinkStatus, print_others, print_status
+from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import PreparedTransaction
+from sqlsink.core.resolution import Scope
+from sqlsink.postgres import status as st
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.connection import Connection
+
+Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
+Others = list[tuple[PreparedTransaction, str]]  # with the reason it is not ours
+
+
+@dataclass
+class StatusScan:
+    """What every sink's survey needs; the warnings found so far."""
+
+    conn: Connection
+    backend: PostgresBackend
+    out: Output
+    now: datetime
+    max_age: float
+    batches: int  # how many recent batches per sink
+    sessions: list[st.Session]  # every sqlsink session of the database
+    warnings: list[Notice] = field(default_factory=list)
+
+    def sink(
+        self, sink_id: str, row: st.SinkRow | None, prepared: list[tuple[PreparedTransaction, Gid]]
+    ) -> SinkStatus:
+        """One sink: its commit log, its open gids, liveness, data loss; warnings."""
+        conn = self.conn
+        summary = st.batch_summary(conn, sink_id)
+        recent = st.recent_decisions(conn, sink_id, self.batches)
+        incomplete = st.incomplete_decisions(conn, sink_id)
+        live_sessions = st.sink_sessions(self.sessions, sink_id)
+        holders = st.lock_holders(conn, sink_id)
+        # data loss: the core's own list of decided gids to verify, read-only, confirmed twice
+        lost = confirmed_losses(conn, Committer(self.backend, sink_id).plan(Scope.everything()))
+        prepared_docs = self._prepared_json(sink_id, prepared)
+        self._warn(sink_id, prepared_docs, incomplete, lost)
+        doc: StatusSinkJson = {
+            "sink_id": sink_id,
+            "bound_query_id": row.query_id if row else None,
+            "bound_at": row.bound_at if row else None,
+            "decisions": summary.decisions,
+            "last_decided_batch": summary.last_decided,
+            "last_complete_batch": summary.last_complete,
+            "incomplete_batches": [d.batch_id for d in incomplete],
+            "recent_batches": [_recent_json(d) for d in recent],
+            "prepared": prepared_docs,
+            "live": bool(live_sessions or holders),
+            "sessions": [session_json(s) for s in live_sessions],
+            "lock_holders": [session_json(s) for s in holders],
+        }
+        evidence = [f"lock held by {s.describe()}" for s in holders]
+        evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]
+        return SinkStatus(doc, lost, evidence)
+
+    def _prepared_json(
+        self, sink_id: str, prepared: list[tuple[PreparedTransaction, Gid]]
+    ) -> list[PreparedJson]:
+        """The sink's open gids, by batch and partition; decided: its decision names it."""
+        batches = {(sink_id, gid.batch_id) for _, gid in prepared}
+        decisions = self.backend.decisions(sink_id, batches).values()
+        decided_gids = {g for d in decisions for g in d.gids}
+        ordered = sorted(prepared, key=lambda p: (p[1].batch_id, p[1].partition_id, p[0].gid))
+        return [
+            {
+                "gid": txn.gid,
+                "batch_id": gid.batch_id,
+                "partition_id": gid.partition_id,
+                "run_id": gid.run_id,
+                "database": txn.database,
+                "owner": txn.owner,
+                "prepared_at": txn.prepared_at,
+                "age_seconds": round((self.now - txn.prepared_at).total_seconds(), 3),
+                "decided": txn.gid in decided_gids,
+            }
+            for txn, gid in ordered
+        ]
+
+    def _warn(
+        self,
+        sink_id: str,
+        prepared: list[PreparedJson],
+        incomplete: list[st.DecisionRow],
+        lost: list[tuple[int, str]],
+    ) -> None:
+        """Old prepared gids, decisions left incomplete, data loss."""
+        fix_cmd = f"sqlsink recover --url '{self.out.shown_url}' --sink-id {sink_id}"
+        age = format_age(self.max_age)
+        old = [p for p in prepared if p["age_seconds"] > self.max_age]
+        if old:
+            oldest = max(old, key=lambda p: p["age_seconds"])
+            message = (
+                f"{len(old)} prepared transaction(s) older than {age} "
+                f"(oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
+                f"{format_age(oldest['age_seconds'])}): "
+                "a prepared transaction holds its locks and blocks VACUUM until it is finished"
+            )
+            fix = (
+                f"{fix_cmd}  (a running query resolves them at its next batch; if it is stopped "
+                "or stuck, recover does)"
+            )
+            self.warnings.append(Notice("warning", message, fix, sink_id))
+        lost_batches = {b for b, _ in lost}
+        stale = [
+            d
+            for d in incomplete
+            if (self.now - d.decided_at).total_seconds() > self.max_age
+            and d.batch_id not in lost_batches
+        ]
+        if stale:
+            batches = ", ".join(str(d.batch_id) for d in stale[:10])
+            message = (
+                f"{len(stale)} decided batch(es) not complete after {age} (batch {batches}): "
+                "some of their transactions are still prepared, or unverified"
+            )
+            self.warnings.append(Notice("warning", message, fix_cmd, sink_id))
+        if lost:
+            self.warnings.append(Notice("error", loss_message(lost), LOSS_FIX, sink_id))
+
+
+def _recent_json(d: st.DecisionRow) -> RecentBatchJson:
+    return {
+        "batch_id": d.batch_id,
+        "rows": d.rows,
+        "gids": len(d.gids),
+        "decided_at": d.decided_at,
+        "completed_at": d.completed_at,
+        "query_id": d.query_id,
+        "run_id": d.run_id,
+        "rows_per_second": d.rows_per_second(),
+        "lag_seconds": d.lag_seconds(),
+        "commit_ms": d.commit_ms,
+        "orphans": d.orphans,
+    }
+
+
+def _sort_prepared(
+    prepared: list[PreparedTransaction], database: str, sink_id: str | None
+) -> tuple[Ours, Others]:
+    """Ours: sqlsink gids of this database (of --sink-id, if given); the others, why not."""
+    ours: Ours = {}
+    others: Others = []
+    for txn in prepared:
+        gid = Gid.parse(txn.gid)
+        if gid is None:
+            others.append((txn, "not a sqlsink transaction"))
+        elif txn.database != database:
+            others.append((txn, f"sink {gid.sink_id}, in database {txn.database}"))
+        elif sink_id is not None and gid.sink_id != sink_id:
+            others.append((txn, f"belongs to sink {gid.sink_id}"))
+        else:
+            ours.setdefault(gid.sink_id, []).append((txn, gid))
+    return ours, others
+
+
+def _sink_names(
+    rows: dict[str, st.SinkRow],
+    ours: Ours,
+    incomplete: list[st.DecisionRow],
+    sink_id: str | None,
+    database: str,
+) -> set[str]:
+    """The sinks to show: every one the database knows of, or --sink-id, which must exist."""
+    names = set(rows) | set(ours) | {d.sink_id for d in incomplete}
+    if sink_id is None:
+        return names
+    if sink_id not in names:
+        listed = ", ".join(sorted(rows)[:20]) or "none"
+        raise CliError(
+            f"unknown sink {sink_id} in database {database} (known sinks: {listed})",
+            "check --sink-id (the sinkId option, else the query id) and the database in --url",
+        )
+    return {sink_id}
+
+
+def _others_json(others: Others, now: datetime) -> list[OtherPreparedJson]:
+    return [
+        {
+            "gid": txn.gid,
+            "database": txn.database,
+            "owner": txn.owner,
+            "prepared_at": txn.prepared_at,
+            "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
+            "reason": reason,
+        }
+        for txn, reason in others
+    ]
+
+
+def _old_others_warning(
+    others: list[OtherPreparedJson], max_age: float, database: str
+) -> Notice | None:
+    """Another application's old prepared transaction in this database."""
+    old = [o for o in others if o["age_seconds"] > max_age and o["database"] == database]
+    if not old:
+        return None
+    oldest = max(old, key=lambda o: o["age_seconds"])
+    return Notice(
+        "warning",
+        f"{len(old)} prepared transaction(s) in this database that are not a "
+        f"sink's are older than {format_age(max_age)} (oldest {oldest['gid']!r}, "
+        f"{format_age(oldest['age_seconds'])}, role {oldest['owner']}): a prepared "
+        "transaction holds its locks and blocks VACUUM until finished",
+        "not sqlsink's to resolve: find the application that prepared it; as a last "
+        "resort ROLLBACK PREPARED '<gid>' (as its owner or a superuser)",
+    )
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def start(args: argparse.Namespace, envelope: Envelope) -> StatusDocument:
+    return {
+        **envelope,
+        "server_time": None,
+        "max_age_seconds": args.max_age,
+        "sinks": [],
+        "other_prepared": [],
+        "data_loss": [],
+    }
+
+
+def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
+    with open_connection(args.url, "status") as conn:
+        me = identify(conn, doc)
+        require_schema(conn, me)
+        backend = PostgresBackend(conn)
+        now = st.server_now(conn)
+        doc["server_time"] = now
+        rows = st.sinks(conn)
+        prepared = st.all_prepared(conn)
+        incomplete = st.incomplete_decisions(conn, args.sink_id)
+        ours, others = _sort_prepared(prepared, me.database, args.sink_id)
+        names = _sink_names(rows, ours, incomplete, args.sink_id, me.database)
+        sessions = st.sqlsink_sessions(conn)
+        scan = StatusScan(conn, backend, out, now, args.max_age, args.batches, sessions)
+        header(out, "status", me, f", server time {format_time(now)}")
+        sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
+        print_status(out, sinks, detailed=args.sink_id is not None)
+        other_docs = _others_json(others, now)
+        old = _old_others_warning(other_docs, args.max_age, me.database)
+        if old is not None and args.sink_id is None:
+            scan.warnings.append(old)
+        print_others(out, other_docs)
+        lost = [(s.doc["sink_id"], b, g) for s in sinks for b, g in s.lost]
+        heading = "DATA LOSS: decided transactions that are neither prepared nor committed:"
+        print_losses(out, heading, lost)
+        print_warnings(out, scan.warnings)
+        doc["sinks"] = [sink.doc for sink in sinks]
+        doc["other_prepared"] = other_docs
+        doc["data_loss"] = [loss_json(s, b, g) for s, b, g in lost]
+        doc["warnings"] = [w.as_json() for w in scan.warnings]
+        code = exit_code(scan.warnings, lost=bool(lost))
+        if not out.json_mode:
+            out.line()
+            meaning = {0: "all well", 1: "warnings (see above)", 3: "DATA LOSS"}
+            out.line(f"exit {code}: {meaning.get(code, '')}")
+        return code

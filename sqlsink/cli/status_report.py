@@ -1,0 +1,115 @@
+"""The human report of ``sqlsink status``: a table of the sinks, then their details."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlsink.cli.contract import OtherPreparedJson, PreparedJson, RecentBatchJson, StatusSinkJson
+from sqlsink.cli.output import Output, format_age, format_time, table
+
+
+@dataclass
+class SinkStatus:
+    doc: StatusSinkJson  # the JSON of the sink
+    lost: list[tuple[int, str]]  # (batch, gid) of its confirmed data loss
+    live: list[str]  # the evidence, for the human report
+
+
+def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
+    """A table of every sink, then the details of those with something to show."""
+    if out.json_mode:
+        return
+    if not sinks:
+        out.line("no sinks in this database")
+        return
+    out.line()
+    head = ["SINK", "QUERY", "LAST_DECIDED", "LAST_COMPLETE", "INCOMPLETE", "PREPARED", "OLDEST"]
+    rows = []
+    for sink in sinks:
+        d = sink.doc
+        oldest = max((p["age_seconds"] for p in d["prepared"]), default=None)
+        rows.append(
+            [
+                d["sink_id"],
+                d["bound_query_id"],
+                d["last_decided_batch"],
+                d["last_complete_batch"],
+                len(d["incomplete_batches"]),
+                len(d["prepared"]),
+                None if oldest is None else format_age(oldest),
+                " ".join((["LIVE"] if d["live"] else []) + (["DATA LOSS"] if sink.lost else [])),
+            ]
+        )
+    for text in table([*head, "STATE"], rows, right={2, 3, 4, 5, 6}):
+        out.line(text)
+    for sink in sinks:
+        d = sink.doc
+        if detailed or d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost:
+            _print_sink_status(out, sink)
+
+
+def _print_sink_status(out: Output, sink: SinkStatus) -> None:
+    doc = sink.doc
+    out.line()
+    bound = doc["bound_query_id"]
+    out.line(f"sink {doc['sink_id']}  ({f'query {bound}' if bound else 'not bound to a query'})")
+    if sink.live:
+        out.line(f"  live: {'; '.join(sink.live[:6])}")
+    else:
+        out.line("  live: no session of this sink is connected")
+    if doc["recent_batches"]:
+        out.line("  recent batches:")
+        _print_recent(out, doc["recent_batches"])
+    if doc["prepared"]:
+        out.line(f"  open prepared transactions: {len(doc['prepared'])}")
+        _print_prepared(out, doc["prepared"])
+    else:
+        out.line("  open prepared transactions: none")
+
+
+def _print_recent(out: Output, recent: list[RecentBatchJson]) -> None:
+    rows = [
+        [
+            d["batch_id"],
+            d["rows"],
+            d["gids"],
+            format_time(d["decided_at"]),
+            format_time(d["completed_at"]) if d["completed_at"] else "NOT COMPLETE",
+            "-" if d["rows_per_second"] is None else f"{d['rows_per_second']:,.0f}",
+            "-" if d["lag_seconds"] is None else f"{d['lag_seconds']:.2f}s",
+        ]
+        for d in recent
+    ]
+    headers = ["BATCH", "ROWS", "GIDS", "DECIDED_AT", "COMPLETED_AT", "ROWS/S", "LAG"]
+    for text in table(headers, rows, right={0, 1, 2, 5, 6}):
+        out.line("    " + text)
+
+
+def _print_prepared(out: Output, prepared: list[PreparedJson]) -> None:
+    rows = [
+        [
+            p["gid"],
+            p["batch_id"],
+            p["partition_id"],
+            format_age(p["age_seconds"]),
+            p["owner"],
+            "yes" if p["decided"] else "no",
+        ]
+        for p in prepared
+    ]
+    for text in table(["GID", "BATCH", "PART", "AGE", "OWNER", "DECIDED"], rows, right={1, 2, 3}):
+        out.line("    " + text)
+
+
+def print_others(out: Output, others: list[OtherPreparedJson]) -> None:
+    """The prepared transactions that are not this tool's to resolve (here)."""
+    if not others or out.json_mode:
+        return
+    out.line()
+    out.line("prepared transactions that are not this tool's to resolve:")
+    rows = [
+        [o["gid"], o["database"], o["owner"], format_age(o["age_seconds"]), o["reason"]]
+        for o in others
+    ]
+    for text in table(["GID", "DATABASE", "OWNER", "AGE", "REASON"], rows, right={3}):
+        out.line("  " + text)
