@@ -57,3 +57,7 @@ class WriteError(SqlsinkError):
 
 class CommitError(TransientError):
     """The batch could not be decided; it is rolled back and Spark retries it."""
+
+
+class CheckpointError(SqlsinkError):
+    """The checkpoint and the commit log disagree: batches went back, or rows were lost."""

@@ -140,7 +140,8 @@ def forget_sink(url: str, sink_id: str) -> None:
     """Remove a sink's commit log (tests that leave data loss on purpose clean it up,
     so commands that read every sink of the database see only what they made)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        for name in ("markers", "decisions", "sinks"):
+        conn.execute("SELECT set_config('sqlsink.forget', %s, false)", (sink_id,))
+        for name in ("markers", "decisions", "runs", "sinks"):
             conn.execute(
                 sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(
                     sql.Identifier("sqlsink", name)

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from sqlsink.core.model import Decision, PreparedTransaction
+from sqlsink.core.model import Binding, Decision, PreparedTransaction
 
 
 class TwoPhaseBackend(Protocol):
@@ -36,15 +36,17 @@ class TwoPhaseBackend(Protocol):
         """The decisions of these (sink, batch) pairs plus every incomplete one."""
         ...
 
-    def bound_query(self, sink_id: str) -> str | None:
-        """The query id the sink is bound to, if any."""
+    def binding(self, sink_id: str) -> Binding | None:
+        """The writer the sink is bound to; None when the sink is not recorded yet."""
         ...
 
-    def bind(self, sink_id: str, query_id: str) -> str:
-        """Bind the sink to the query if unbound; return the query id it is bound to."""
+    def bind(self, sink_id: str, writer: Binding) -> None:
+        """Bind the sink to this writer (creating its row, or replacing a binding)."""
         ...
 
-    def has_batches(self, sink_id: str) -> bool: ...
+    def highest_decided(self, sink_id: str) -> int | None:
+        """The sink's highest decided batch; None before its first decision."""
+        ...
 
     def insert_decision(
         self,

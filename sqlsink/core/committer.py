@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Decision, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import Binding, Decision, PartitionOutcome, ResolutionReport
 from sqlsink.core.resolution import Action, Plan, Scope, plan_resolution
-from sqlsink.errors import CommitError, DataLossError, SinkBindingError
+from sqlsink.errors import CheckpointError, CommitError, DataLossError, SinkBindingError
 
 log = logging.getLogger("sqlsink")
 
@@ -67,18 +67,18 @@ class Committer:
         self.timeouts = timeouts or TimeoutPolicy()
         self.clock = clock  # injectable: tests move time, not sleep
 
-    # -- binding (invariant 8) ---------------------------------------------------------
+    # -- who may write (invariants 8 and 9) ---------------------------------------------
 
-    def check_binding(self, query_id: str | None) -> None:
-        """Bind the sink to ``query_id``; refuse when it is bound to another query with batches."""
-        if query_id is None or self.sink_id is None:
-            return
-        bound = self.backend.bound_query(self.sink_id)
-        if bound == query_id:
-            return
-        if bound is not None and self.backend.has_batches(self.sink_id):
-            raise binding_error(self.sink_id, bound, query_id)
-        self.backend.bind(self.sink_id, query_id)
+    def check_writer(self, writer: Binding | None, batch_id: int) -> None:
+        """Under the sink lock: refuse another writer, or a batch behind the decided ones."""
+        sink_id = self._sink()
+        highest = self.backend.highest_decided(sink_id)
+        if writer is not None:
+            bound = self.backend.binding(sink_id)
+            check_binding(sink_id, bound, highest, writer)
+            if bound != writer:
+                self.backend.bind(sink_id, writer)
+        check_forward(sink_id, batch_id, highest)
 
     # -- the batch ---------------------------------------------------------------------
 
@@ -89,11 +89,16 @@ class Committer:
         *,
         query_id: str | None,
         run_id: str | None,
+        load: bool = False,
     ) -> ResolutionReport:
-        """Decide batch N (once) and commit exactly its decided gids. Idempotent."""
+        """Decide batch N (once) and commit exactly its decided gids. Idempotent.
+
+        ``load``: a named batch load (else a streaming query, known by ``query_id``
+        when any task reported it)."""
         sink_id = self._sink()
+        writer = Binding("load") if load else Binding.of(query_id) if query_id else None
         with self.backend.sink_lock(sink_id):
-            self.check_binding(query_id)
+            self.check_writer(writer, batch_id)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
                 (sink_id, batch_id)
             )
@@ -336,16 +341,47 @@ class Committer:
         return self.sink_id
 
 
-def binding_error(sink_id: str, bound: str, query_id: str) -> SinkBindingError:
+def check_binding(
+    sink_id: str, bound: Binding | None, highest: int | None, writer: Binding
+) -> None:
+    """Invariant 8: a sink with decided batches belongs to the writer that decided them."""
+    if bound is not None and bound != writer and highest is not None:
+        raise binding_error(sink_id, bound, writer)
+
+
+def check_forward(sink_id: str, batch_id: int, highest: int | None) -> None:
+    """Invariant 9: Spark replays only its last batch; anything below it is not a replay."""
+    if highest is not None and batch_id < highest:
+        raise checkpoint_error(sink_id, batch_id, highest)
+
+
+def binding_error(sink_id: str, bound: Binding, writer: Binding) -> SinkBindingError:
     return SinkBindingError(
-        f"sink {sink_id!r} is bound to streaming query {bound}, whose batches are in its "
-        f"commit log; this is query {query_id}. Sharing the sink id would make this query "
-        "skip its early batches as already committed. Restart the original query from its "
-        "checkpoint, or give this query its own sinkId option; to forget the old query's "
-        f"log instead, run: DELETE FROM sqlsink.sinks WHERE sink_id = '{sink_id}'",
+        f"sink {sink_id!r} is bound to {bound.describe()}, whose batches are in its "
+        f"commit log; this is {writer.describe()}. Sharing the sink id would make this "
+        "writer skip batches as already committed. Nothing was written. Restart the "
+        "original writer (a query from its checkpoint), or give this one its own sinkId "
+        f"option; to reuse the sink id, finish and remove the old log first: sqlsink "
+        f"recover --sink-id {sink_id}, then sqlsink forget --sink-id {sink_id}",
         sink_id=sink_id,
-        bound_query=bound,
-        query_id=query_id,
+        bound=bound.describe(),
+        writer=writer.describe(),
+    )
+
+
+def checkpoint_error(sink_id: str, batch_id: int, highest: int) -> CheckpointError:
+    return CheckpointError(
+        f"sink {sink_id!r}: this run writes batch {batch_id}, but batch {highest} is already "
+        "decided in the commit log: the checkpoint went back in time (restored from an "
+        "older copy, or its offsets/ or commits/ folder was cleared). Spark replays only "
+        f"its last batch, so batch {batch_id} is not a replay: its rows would be skipped or "
+        "written twice. Nothing was written. Restore the checkpoint that wrote batch "
+        f"{highest}; or start over with a new checkpoint and a new sinkId (or, once the "
+        f"old log is finished: sqlsink recover --sink-id {sink_id}, then sqlsink forget "
+        f"--sink-id {sink_id})",
+        sink_id=sink_id,
+        batch=batch_id,
+        highest=highest,
     )
 
 

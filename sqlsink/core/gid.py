@@ -22,6 +22,8 @@ MAX_GID_BYTES = 199  # PostgreSQL's limit (GIDSIZE - 1)
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
+BIGINT_MAX = 2**63 - 1  # batch and attempt live in bigint columns of the commit log
+INTEGER_MAX = 2**31 - 1  # the partition in an integer column
 
 
 def check_sink_id(sink_id: str) -> str:
@@ -48,6 +50,8 @@ class Gid:
             raise ConfigError(f"invalid run id {self.run_id[:80]!r} for a transaction id")
         if min(self.batch_id, self.partition_id, self.attempt_id) < 0:
             raise ConfigError(f"negative number in transaction id fields: {self!r}")
+        if max(self.batch_id, self.attempt_id) > BIGINT_MAX or self.partition_id > INTEGER_MAX:
+            raise ConfigError(f"number out of range in transaction id fields: {self!r}")
 
     def __str__(self) -> str:
         return (
@@ -66,7 +70,10 @@ class Gid:
             return None
         if not all(_NUMBER.fullmatch(n) for n in (batch, partition, attempt)):
             return None
-        return cls(sink_id, int(batch), int(partition), run_id, int(attempt))
+        numbers = int(batch), int(partition), int(attempt)
+        if max(numbers[0], numbers[2]) > BIGINT_MAX or numbers[1] > INTEGER_MAX:
+            return None  # a look-alike: ours always fit the commit log's columns
+        return cls(sink_id, numbers[0], numbers[1], run_id, numbers[2])
 
     @staticmethod
     def sink_prefix(sink_id: str) -> str:

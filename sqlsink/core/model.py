@@ -39,12 +39,30 @@ class TaskIdentity:
 
 
 @dataclass(frozen=True)
+class Binding:
+    """The one writer a sink belongs to (docs/DESIGN.md invariant 8): a streaming query,
+    or a named batch load (``query_id`` None). ``unknown``: a row that says neither."""
+
+    kind: str  # "stream" | "load" | "unknown"
+    query_id: str | None = None
+
+    @classmethod
+    def of(cls, query_id: str | None) -> Binding:
+        return cls("stream", query_id) if query_id else cls("load")
+
+    def describe(self) -> str:
+        if self.kind == "stream":
+            return f"streaming query {self.query_id}"
+        return "a named batch load" if self.kind == "load" else "an unknown writer"
+
+
+@dataclass(frozen=True)
 class TaskState:
     """The commit log as a partition task sees it before writing (one read)."""
 
     decided: bool  # this batch has a decision
-    bound_query: str | None  # the query the sink is bound to
-    has_batches: bool  # the sink has decisions at all
+    bound: Binding | None  # the writer the sink is bound to (None: not bound)
+    highest: int | None  # the sink's highest decided batch (None: no batch yet)
     prepared: tuple[str, ...]  # prepared gids with this sink's prefix, this database
 
 

@@ -1,7 +1,8 @@
 """The protocol's executor side: what one partition task checks before and after it writes.
 
-    before the write   the batch is decided         -> skip (a replay writes nothing)
-                       the sink is bound elsewhere  -> refuse (invariant 8)
+    before the write   the sink is bound elsewhere  -> refuse (invariant 8)
+                       a batch below the decided    -> refuse (invariant 9)
+                       the batch is decided         -> skip (a replay writes nothing)
                        leftovers of dead runs       -> resolve them first (their locks)
     after PREPARE      the batch was decided        -> roll back our own gid (a late or
                        without this attempt            speculative copy)
@@ -15,9 +16,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from sqlsink.core.backend import TwoPhaseBackend
-from sqlsink.core.committer import Committer, TimeoutPolicy, binding_error
+from sqlsink.core.committer import Committer, TimeoutPolicy, check_binding, check_forward
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import TaskIdentity, TaskState
+from sqlsink.core.model import Binding, TaskIdentity, TaskState
 from sqlsink.core.resolution import Scope
 from sqlsink.errors import TransientError
 
@@ -53,9 +54,8 @@ class Participant:
         """Check replay and binding, resolve dead runs' leftovers; True: skip (decided)."""
         task = self.task
         state = self.backend.task_state(task.sink_id, task.batch_id)
-        bound = state.bound_query
-        if task.query_id is not None and bound not in (None, task.query_id) and state.has_batches:
-            raise binding_error(task.sink_id, str(bound), task.query_id)
+        check_binding(task.sink_id, state.bound, state.highest, Binding.of(task.query_id))
+        check_forward(task.sink_id, task.batch_id, state.highest)
         if state.decided:
             return True
         scope = Scope.live(task.run_id, task.batch_id)

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Decision, PreparedTransaction, TaskState
+from sqlsink.core.model import Binding, Decision, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import commit_log, locks
 from sqlsink.postgres.commit_log import like_prefix
@@ -50,14 +50,14 @@ class PostgresBackend:
     ) -> dict[tuple[str, int], Decision]:
         return commit_log.decisions(self.conn, sink_id, batch_ids)
 
-    def bound_query(self, sink_id: str) -> str | None:
-        return commit_log.bound_query(self.conn, sink_id)
+    def binding(self, sink_id: str) -> Binding | None:
+        return commit_log.binding(self.conn, sink_id)
 
-    def bind(self, sink_id: str, query_id: str) -> str:
-        return commit_log.bind(self.conn, sink_id, query_id)
+    def bind(self, sink_id: str, writer: Binding) -> None:
+        commit_log.bind(self.conn, sink_id, writer)
 
-    def has_batches(self, sink_id: str) -> bool:
-        return commit_log.has_batches(self.conn, sink_id)
+    def highest_decided(self, sink_id: str) -> int | None:
+        return commit_log.highest_decided(self.conn, sink_id)
 
     def task_state(self, sink_id: str, batch_id: int) -> TaskState:
         return commit_log.task_state(self.conn, sink_id, batch_id, Gid.sink_prefix(sink_id))

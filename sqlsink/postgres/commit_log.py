@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable
 
 import psycopg
 
-from sqlsink.core.model import Decision, TaskState
+from sqlsink.core.model import Binding, Decision, TaskState
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -36,10 +36,11 @@ def warn_markers_kept() -> None:
 
 _TASK_STATE = """
 SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
-       (SELECT query_id FROM sqlsink.sinks WHERE sink_id = %(sink)s),
-       EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s),
+       s.writer, s.query_id, s.sink_id IS NOT NULL,
+       (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s),
        ARRAY(SELECT gid FROM pg_prepared_xacts
              WHERE gid LIKE %(prefix)s AND database = current_database())
+FROM (SELECT) AS one LEFT JOIN sqlsink.sinks s ON s.sink_id = %(sink)s
 """
 
 
@@ -53,13 +54,19 @@ def task_state(conn: Connection, sink_id: str, batch_id: int, gid_prefix: str) -
         _TASK_STATE, {"sink": sink_id, "batch": batch_id, "prefix": like_prefix(gid_prefix)}
     ).fetchone()
     assert row is not None
-    decided, bound_query, has_batches, prepared = row
+    decided, writer, query_id, exists, highest, prepared = row
     return TaskState(
         bool(decided),
-        None if bound_query is None else str(bound_query),
-        bool(has_batches),
+        _binding(writer, query_id) if exists else None,
+        None if highest is None else int(highest),
         tuple(str(g) for g in prepared),
     )
+
+
+def _binding(writer: object, query_id: object) -> Binding:
+    if writer in ("stream", "load"):
+        return Binding(str(writer), None if query_id is None else str(query_id))
+    return Binding("unknown", None if query_id is None else str(query_id))
 
 
 def decided_with(conn: Connection, sink_id: str, batch_id: int, gid: str) -> bool | None:
@@ -85,28 +92,28 @@ def insert_marker(
 # -- binding -------------------------------------------------------------------------------
 
 
-def bound_query(conn: Connection, sink_id: str) -> str | None:
+def binding(conn: Connection, sink_id: str) -> Binding | None:
+    """The writer the sink is bound to; None when the sink has no row yet."""
     row = conn.execute(
-        "SELECT query_id FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,)
+        "SELECT writer, query_id FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,)
     ).fetchone()
-    return None if row is None or row[0] is None else str(row[0])
+    return None if row is None else _binding(row[0], row[1])
 
 
-def bind(conn: Connection, sink_id: str, query_id: str) -> str:
+def bind(conn: Connection, sink_id: str, writer: Binding) -> None:
+    conn.execute(
+        "INSERT INTO sqlsink.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s) "
+        "ON CONFLICT (sink_id) DO UPDATE SET writer = excluded.writer, "
+        "query_id = excluded.query_id, bound_at = now()",
+        (sink_id, writer.kind, writer.query_id),
+    )
+
+
+def highest_decided(conn: Connection, sink_id: str) -> int | None:
     row = conn.execute(
-        "INSERT INTO sqlsink.sinks (sink_id, query_id) VALUES (%s, %s) "
-        "ON CONFLICT (sink_id) DO UPDATE SET query_id = excluded.query_id, bound_at = now() "
-        "RETURNING query_id",
-        (sink_id, query_id),
+        "SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %s", (sink_id,)
     ).fetchone()
-    return str(row[0]) if row else query_id
-
-
-def has_batches(conn: Connection, sink_id: str) -> bool:
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %s)", (sink_id,)
-    ).fetchone()
-    return bool(row and row[0])
+    return None if row is None or row[0] is None else int(row[0])
 
 
 # -- decisions -----------------------------------------------------------------------------
@@ -148,10 +155,11 @@ def insert_decision(
     with conn.transaction():
         # the decision must be durable before anything is committed
         conn.execute("SET LOCAL synchronous_commit = on")
+        writer = Binding.of(query_id)
         conn.execute(
-            "INSERT INTO sqlsink.sinks (sink_id, query_id) VALUES (%s, %s) "
+            "INSERT INTO sqlsink.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s) "
             "ON CONFLICT (sink_id) DO NOTHING",
-            (sink_id, query_id),
+            (sink_id, writer.kind, writer.query_id),
         )
         cur = conn.execute(
             "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
@@ -216,5 +224,6 @@ def mark_complete(conn: Connection, sink_id: str, batch_ids: Collection[int]) ->
 
 def forget_one_off_load(conn: Connection, sink_id: str) -> None:
     """A one-off batch load (no sinkId) is complete: its log is of no further use."""
-    conn.execute("DELETE FROM sqlsink.markers WHERE sink_id = %s", (sink_id,))
-    conn.execute("DELETE FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,))
+    with conn.transaction():
+        for table in ("markers", "decisions", "runs", "sinks"):
+            conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))

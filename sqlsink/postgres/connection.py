@@ -14,6 +14,20 @@ from sqlsink.errors import ConfigError, TransientError
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 
+# Every wait on the network ends (docs/DESIGN.md invariant 11): a dead host fails the
+# connect, and a half-open connection (a peer paused or gone without a FIN) is found
+# by TCP keepalives within about a minute instead of the kernel's two hours, so its
+# session, its locks and its advisory locks do not outlive it on the server either.
+BOUNDED_WAITS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",  # ms: unacknowledged data for a minute ends the connection
+}
+
+
 def conninfo(url: str, password: str | None = None) -> str:
     """A libpq conninfo from a URI or key=value string (a 'jdbc:' prefix is accepted)."""
     if url.startswith("jdbc:"):
@@ -32,7 +46,8 @@ def conninfo(url: str, password: str | None = None) -> str:
         ) from None
     if password is not None:
         params["password"] = password
-    params.setdefault("connect_timeout", "10")  # a dead host must not hang a task forever
+    for name, value in BOUNDED_WAITS.items():  # unless the URL says otherwise
+        params.setdefault(name, value)
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})  # type: ignore[arg-type]
 
 

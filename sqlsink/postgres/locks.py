@@ -8,8 +8,10 @@ transaction-scoped one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 
 import psycopg
 
@@ -72,3 +74,46 @@ def unlock_sink(conn: Connection, sink_id: str | None) -> None:
 def take_schema_lock(conn: Connection) -> None:
     """Inside a transaction: migrations of the commit log run one at a time."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_SCHEMA_KEY,))
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A session or a prepared transaction holding a lock on a relation."""
+
+    relation: str
+    mode: str
+    pid: int | None  # None: a prepared transaction (``gid``)
+    gid: str | None
+    application_name: str | None
+    since: datetime | None  # the session's transaction start, or the PREPARE time
+
+    def describe(self) -> str:
+        if self.gid is not None:
+            return f"prepared transaction {self.gid} ({self.mode} on {self.relation})"
+        name = f" {self.application_name!r}" if self.application_name else ""
+        since = f", in a transaction since {self.since:%Y-%m-%d %H:%M:%S%z}" if self.since else ""
+        return f"session pid {self.pid}{name} ({self.mode} on {self.relation}{since})"
+
+
+def relation_lock_holders(conn: Connection, relations: Collection[str]) -> list[Holder]:
+    """Who holds granted locks on these relations (by regclass text), besides us."""
+    rows = conn.execute(
+        "SELECT l.relation::regclass::text, l.mode, l.pid, p.gid, a.application_name, "
+        "       coalesce(a.xact_start, p.prepared) "
+        "FROM pg_locks l "
+        "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+        "LEFT JOIN pg_prepared_xacts p ON l.pid IS NULL "
+        "     AND l.virtualtransaction = '-1/' || p.transaction::text "
+        "WHERE l.granted AND l.locktype = 'relation' "
+        "  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "  AND l.relation = ANY(%s::regclass[]) AND l.pid IS DISTINCT FROM pg_backend_pid() "
+        "ORDER BY 1, l.pid NULLS LAST, p.gid",
+        (list(relations),),
+    ).fetchall()
+    return [Holder(str(r), str(m), pid, gid, app, since) for r, m, pid, gid, app, since in rows]
+
+
+def describe_holders(holders: Sequence[Holder], limit: int = 5) -> str:
+    shown = "; ".join(h.describe() for h in holders[:limit])
+    more = f" and {len(holders) - limit} more" if len(holders) > limit else ""
+    return (shown + more) or "nobody any more (the lock was released meanwhile)"

@@ -9,7 +9,7 @@ import psycopg
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.locks import take_schema_lock
+from sqlsink.postgres.locks import describe_holders, relation_lock_holders, take_schema_lock
 
 _MIGRATION = re.compile(r"(\d{3})_[a-z0-9_]+\.sql")
 
@@ -45,8 +45,18 @@ def installed_version(conn: Connection) -> int:
     return int(str(version[0])) if version else 0
 
 
+MIGRATION_LOCK_TIMEOUT_S = 15.0
+_COMMIT_LOG = ("sqlsink.sinks", "sqlsink.decisions", "sqlsink.markers", "sqlsink.schema_version")
+
+
 def ensure_schema(conn: Connection) -> int:
-    """Install or migrate the schema; return its version. Cheap when up to date."""
+    """Install or migrate the schema; return its version. Cheap when up to date.
+
+    A migration waits for its locks at most ``MIGRATION_LOCK_TIMEOUT_S``: behind a
+    long transaction on the commit log it gives up, names the holder and changes
+    nothing (docs/DESIGN.md invariant 11). Migrations never lock ``markers``, which
+    prepared leftovers hold until they are resolved.
+    """
     try:
         if installed_version(conn) >= latest_version():
             return latest_version()
@@ -54,11 +64,15 @@ def ensure_schema(conn: Connection) -> int:
         raise privilege_error(conn, exc) from None
     try:
         with conn.transaction():
+            timeout = f"{int(MIGRATION_LOCK_TIMEOUT_S * 1000)}ms"
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
             take_schema_lock(conn)
             current = installed_version(conn)
             for version, path in migrations():
                 if version > current:
                     conn.execute(path.read_text(encoding="utf-8").encode())
+    except psycopg.errors.LockNotAvailable:
+        raise _blocked(conn, latest_version()) from None
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConfigError(
             "cannot create the sqlsink schema (the commit log): "
@@ -66,6 +80,22 @@ def ensure_schema(conn: Connection) -> int:
             "this role CREATE on the database (GRANT CREATE ON DATABASE <db> TO <role>)",
         ) from None
     return latest_version()
+
+
+def _blocked(conn: Connection, version: int) -> ConfigError:
+    existing = [
+        name
+        for name in _COMMIT_LOG
+        if (row := conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()) and row[0]
+    ]
+    holders = describe_holders(relation_lock_holders(conn, existing))
+    return ConfigError(
+        f"cannot upgrade the commit log (schema sqlsink) to version {version}: its tables "
+        f"stayed locked for {MIGRATION_LOCK_TIMEOUT_S:.0f} s by {holders}. Nothing was "
+        "changed. Let that transaction finish, or end it (SELECT pg_terminate_backend(pid)); "
+        "prepared transactions of a sink are resolved by sqlsink recover. Then start again",
+        version=version,
+    )
 
 
 def privilege_error(conn: Connection, exc: psycopg.errors.InsufficientPrivilege) -> ConfigError:

@@ -122,6 +122,8 @@ class _SinkWriter:
     stops the batch before any task runs.
     """
 
+    is_load = False  # a batch load (df.write), not a streaming query
+
     def __init__(self, options: SinkOptions, schema: StructType, sink_id: str | None) -> None:
         self.options = options
         self.schema = schema
@@ -179,6 +181,7 @@ class _SinkWriter:
                 outcomes,
                 query_id=next((o.query_id for o in outcomes if o and o.query_id), None),
                 run_id=next((o.run_id for o in outcomes if o and o.run_id), None),
+                load=self.is_load,
             )
             self._recheck_server(committer.backend.conn, sink_id, outcomes)
         return sink_id
@@ -244,6 +247,8 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
     Without a sinkId the write is a one-off (its log is removed once committed);
     with one, it is idempotent: running the same load again writes nothing.
     """
+
+    is_load = True
 
     def __init__(
         self, options: SinkOptions, schema: StructType, sink_id: str, run_id: str, one_off: bool

@@ -18,7 +18,7 @@ from psycopg import sql
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome
-from sqlsink.errors import CommitError, DataLossError, SinkBindingError
+from sqlsink.errors import CheckpointError, CommitError, DataLossError, SinkBindingError
 from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
@@ -170,7 +170,7 @@ def test_markers_go_when_a_batch_completes_and_stay_with_a_warning_without_delet
         pg_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def test_commit_twice_and_a_late_commit_are_no_ops(
+def test_commit_twice_is_a_no_op_and_a_late_commit_is_refused(
     pg_url: str,
     pg_conn: psycopg.Connection[tuple[object, ...]],
     target: str,
@@ -182,8 +182,11 @@ def test_commit_twice_and_a_late_commit_are_no_ops(
     second = [prepare(pg_url, target, sink_id, 1, 0, range(5, 10))]
     committer.commit_batch(1, second, query_id="q1", run_id=RUN)
     again = committer.commit_batch(1, second, query_id="q1", run_id=RUN)
-    late = committer.commit_batch(0, first, query_id="q1", run_id=RUN)
-    assert again.committed == late.committed == []
+    assert again.committed == []
+    # Spark commits only its last batch again; batch 0 after batch 1 is not a replay
+    # (docs/DESIGN.md invariant 9): refused, and nothing changes
+    with pytest.raises(CheckpointError, match="writes batch 0, but batch 1 is already decided"):
+        committer.commit_batch(0, first, query_id="q1", run_id=RUN)
     assert ids_in(pg_conn, target) == list(range(10))
 
 

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.streams import table_ids
 
@@ -32,6 +33,7 @@ def test_batch_append_and_one_off_log_is_removed(
 ) -> None:
     def one_off_loads() -> Any:
         with psycopg.connect(pg_url) as conn:  # a failed load elsewhere may leave its own
+            ensure_schema(conn)  # type: ignore[arg-type]  # when this test runs first
             return conn.execute(
                 "SELECT count(*) FROM sqlsink.sinks WHERE sink_id LIKE 'load-%'"
             ).fetchone()

@@ -87,3 +87,21 @@ def test_errors_pickle(cls: type[SqlsinkError]) -> None:
     assert str(copy) == str(error)
     assert copy.context == {"batch": 3, "partition": 1}
     assert copy.transient == issubclass(cls, TransientError)
+
+
+@pytest.mark.parametrize(
+    "too_big",
+    [
+        "sqlsink_a_9223372036854775808_0_run_1",  # batch: 2^63, over bigint
+        "sqlsink_a_9999999999999999999_0_run_1",
+        "sqlsink_a_1_2147483648_run_1",  # partition: over integer
+        "sqlsink_a_1_0_run_9223372036854775808",  # attempt
+    ],
+)
+def test_numbers_beyond_the_commit_logs_columns_are_foreign(too_big: str) -> None:
+    """Issue 12 item 14: a look-alike with a number over 2^63-1 broke every commit."""
+    assert Gid.parse(too_big) is None
+
+
+def test_the_largest_numbers_still_parse() -> None:
+    assert Gid.parse(f"sqlsink_a_{2**63 - 1}_{2**31 - 1}_run_{2**63 - 1}") is not None

@@ -1,0 +1,114 @@
+"""Upgrading the commit log under load (issue 12 item 20): bounded, and never stuck
+behind the leftovers that the upgrade itself must let the sink resolve."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from sqlsink.core.committer import Committer
+from sqlsink.errors import ConfigError
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.schema import ensure_schema, installed_version, latest_version, migrations
+from tests.fix_pg import PgServer
+from tests.pg.protocol import Writer, ids_of, prepared_of
+
+RELEASED = 2  # the commit log of the release before issue 12
+
+
+def install_released(url: str) -> None:
+    """The commit log as the previous release left it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for version, path in migrations():
+            if version <= RELEASED:
+                conn.execute(path.read_text(encoding="utf-8").encode())
+
+
+def test_an_upgrade_with_a_prepared_leftover_neither_waits_nor_strands_it(
+    pg_server: PgServer,
+) -> None:
+    with pg_server.database("mig") as url:
+        install_released(url)
+        table = "events"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE events (id bigint PRIMARY KEY)")
+            # a release-2 batch: decided, one gid committed, the driver died (the
+            # leftover holds its locks on the target and on sqlsink.markers)
+            conn.execute("INSERT INTO sqlsink.sinks (sink_id, query_id) VALUES ('old', 'q-old')")
+        old = Writer(url, table, "old", query_id="q-old", run="run-old")
+        gids = []
+        for partition, ids in enumerate((range(5), range(5, 10))):
+            with psycopg.connect(url) as conn:  # the release-2 partition transaction
+                gid = f"sqlsink_old_7_{partition}_run-old_{partition + 1}"
+                conn.execute(
+                    "INSERT INTO events SELECT generate_series(%s::bigint, %s::bigint)",
+                    (ids[0], ids[-1]),
+                )
+                conn.execute(
+                    "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+                    "VALUES (%s, 'old', 7, %s, 5)",
+                    (gid, partition),
+                )
+                conn.execute(f"PREPARE TRANSACTION '{gid}'")
+                gids.append(gid)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id) "
+                "VALUES ('old', 7, %s, 10, 'q-old', 'run-old')",
+                (gids,),
+            )
+            conn.execute(f"COMMIT PREPARED '{gids[0]}'")
+            started = time.monotonic()
+            assert ensure_schema(conn) == latest_version()  # type: ignore[arg-type]
+            assert time.monotonic() - started < 5
+            assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
+            writer = conn.execute("SELECT writer FROM sqlsink.sinks").fetchone()
+            assert writer == ("stream",)
+            # the old-format leftover still resolves: the batch is finished, not lost
+            _, report = Committer(PostgresBackend(conn), "old").recover()  # type: ignore[arg-type]
+        assert report.committed == [gids[1]] and report.lost == []
+        assert ids_of(url, table) == list(range(10))
+        assert prepared_of(url, "old") == []
+        # and the next run of the same query goes on at batch 8
+        old.batch(8, range(10, 15))
+        assert ids_of(url, table) == list(range(15))
+
+
+def test_a_blocked_migration_gives_up_in_bounded_time_and_names_the_blocker(
+    pg_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sqlsink.postgres.schema.MIGRATION_LOCK_TIMEOUT_S", 1.0)
+    with pg_server.database("mig") as url:
+        install_released(url)
+        holding = threading.Event()
+        release = threading.Event()
+
+        def reader() -> None:  # a long report on the commit log, in one transaction
+            with psycopg.connect(url, application_name="nightly report") as conn:
+                conn.execute("SELECT count(*) FROM sqlsink.decisions")
+                holding.set()
+                release.wait(30)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            assert holding.wait(10)
+            started = time.monotonic()
+            with (
+                psycopg.connect(url, autocommit=True) as conn,
+                pytest.raises(ConfigError) as refused,
+            ):
+                ensure_schema(conn)  # type: ignore[arg-type]
+            assert time.monotonic() - started < 5
+        finally:
+            release.set()
+            thread.join()
+        message = str(refused.value)
+        assert "version 3" in message and "nightly report" in message
+        assert "sqlsink.decisions" in message and "pg_terminate_backend" in message
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert installed_version(conn) == RELEASED  # type: ignore[arg-type]
+            assert ensure_schema(conn) == latest_version()  # type: ignore[arg-type]
