@@ -93,12 +93,40 @@ def scrub(text: str, url: str, password: str | None = None) -> str:
 
 
 def connect(url: str, password: str | None = None, *, application_name: str) -> Connection:
-    """An autocommit connection; failures become errors without secrets."""
+    """An autocommit connection; failures become errors without secrets.
+
+    Every connection is checked for a pooler between it and PostgreSQL (one round trip
+    when there is none), and one in transaction or statement pooling mode is refused
+    with a ConfigError (``sqlsink.postgres.pooler``: the sink's advisory locks and its
+    runs' identity need one server session per connection). A session pool is probed
+    once per process every few minutes (a second client login and three round trips).
+    psycopg's automatic server-side prepared statements are off on every connection,
+    not only behind a pooler: no statement of the sink runs the 5 times it takes on
+    one connection, so they would cost nothing to lose even where they are safe.
+    """
+    from sqlsink.postgres import pooler
+
+    info = conninfo(url, password)
     try:
-        return psycopg.connect(
-            conninfo(url, password), autocommit=True, application_name=application_name[:63]
+        conn = psycopg.connect(
+            info,
+            autocommit=True,
+            application_name=application_name[:63],
+            **pooler.pooled_kwargs(),
         )
     except psycopg.OperationalError as exc:
         raise TransientError(
             f"cannot connect to PostgreSQL at {shown(url)}: {scrub(str(exc), url, password)}",
         ) from None
+    try:
+        pooler.check(conn, info, shown_url=shown(url))
+    except psycopg.OperationalError as exc:
+        conn.close()
+        raise TransientError(
+            f"lost the connection to PostgreSQL at {shown(url)} while checking for a "
+            f"pooler: {scrub(str(exc), url, password)}",
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
