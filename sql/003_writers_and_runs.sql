@@ -27,6 +27,50 @@ CREATE TABLE sqlsink.runs (
     PRIMARY KEY (sink_id, run_id)
 );
 
+-- A run registers at its tasks and commits (the Python data source API has no start
+-- hook). The first time a run id is seen it becomes the newest run of the sink and
+-- supersedes every other (fencing); a superseded run is told so, every time, and
+-- changes nothing. Otherwise the call is a heartbeat (written at most once a second).
+-- holds_lock: the caller holds the sink lock; its session is recorded, so that a
+-- newer run can tell a paused holder provably of this run (pid and start time).
+CREATE FUNCTION sqlsink.register_run(
+    p_sink text, p_run text, p_live_for interval, p_holds_lock boolean
+) RETURNS text  -- NULL: this run is the newest; else the run (or 'operator') that fenced it
+LANGUAGE plpgsql AS $$
+DECLARE
+    fenced_by text;
+    known boolean;
+BEGIN
+    INSERT INTO sqlsink.sinks (sink_id) VALUES (p_sink) ON CONFLICT (sink_id) DO NOTHING;
+    PERFORM 1 FROM sqlsink.sinks s WHERE s.sink_id = p_sink FOR UPDATE;  -- one at a time
+    SELECT true, coalesce(r.superseded_by, CASE WHEN r.superseded_at IS NOT NULL
+                                           THEN 'operator' END)
+      INTO known, fenced_by
+      FROM sqlsink.runs r WHERE r.sink_id = p_sink AND r.run_id = p_run;
+    IF fenced_by IS NOT NULL THEN
+        RETURN fenced_by;
+    END IF;
+    IF known IS NULL THEN
+        UPDATE sqlsink.runs SET superseded_at = clock_timestamp(), superseded_by = p_run
+         WHERE sink_id = p_sink AND superseded_at IS NULL;
+        INSERT INTO sqlsink.runs (sink_id, run_id, live_for) VALUES (p_sink, p_run, p_live_for);
+        UPDATE sqlsink.sinks SET newest_run = p_run WHERE sink_id = p_sink;
+    END IF;
+    IF p_holds_lock THEN
+        UPDATE sqlsink.runs
+           SET heartbeat_at = clock_timestamp(), live_for = p_live_for,
+               lock_pid = pg_backend_pid(),
+               lock_backend_start = (SELECT backend_start FROM pg_stat_activity
+                                      WHERE pid = pg_backend_pid())
+         WHERE sink_id = p_sink AND run_id = p_run;
+    ELSIF known THEN
+        UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp(), live_for = p_live_for
+         WHERE sink_id = p_sink AND run_id = p_run
+           AND heartbeat_at < clock_timestamp() - interval '1 second';
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- A decision is never erased with its sink (version 1 cascaded: following old advice
 -- could half-commit a batch); `sqlsink forget` removes a finished sink's log.
 ALTER TABLE sqlsink.decisions

@@ -61,3 +61,7 @@ class CommitError(TransientError):
 
 class CheckpointError(SqlsinkError):
     """The checkpoint and the commit log disagree: batches went back, or rows were lost."""
+
+
+class FencedError(SqlsinkError):
+    """A newer run of the sink exists: this one is a zombie and must stop (invariant 10)."""

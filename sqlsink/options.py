@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
-from sqlsink.core.committer import TimeoutPolicy
+from sqlsink.core.committer import DEFAULT_RUN_TIMEOUT_S, TimeoutPolicy
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
@@ -40,6 +40,7 @@ KNOWN = {
     "createtable": "createTable",
     "mode": "mode",
     "locktimeout": "lockTimeout",
+    "runtimeout": "runTimeout",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
     "transactiontimeout": "transactionTimeout",
@@ -90,6 +91,7 @@ class SinkOptions:
     semantic: Semantic = Semantic.EXACTLY_ONCE
     create_table: bool = False
     lock_timeout_s: float = 60.0
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S  # a run is live while heard from this recently
     checkpoint: str | None = None
     mode: Mode = Mode.APPEND
     key_columns: tuple[str, ...] = ()  # upsert: () means the table's primary key
@@ -147,6 +149,7 @@ class SinkOptions:
             semantic=semantic,
             create_table=_parse_bool("createTable", opts.get("createtable", "false")),
             lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
+            run_timeout_s=parse_duration("runTimeout", opts.get("runtimeout", "5min")),
             checkpoint=opts.get("checkpointlocation"),
             mode=mode,
             key_columns=keys,

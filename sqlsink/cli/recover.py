@@ -35,7 +35,7 @@ from sqlsink.cli.recover_report import (
 )
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
-from sqlsink.core.resolution import Scope
+from sqlsink.core.resolution import Action
 from sqlsink.errors import ConfigError, DataLossError
 from sqlsink.postgres import status as st
 from sqlsink.postgres.backend import PostgresBackend
@@ -121,19 +121,19 @@ class Recovery:
         if self.dry_run:
             self._plan_only(sink, committer)
         elif sink.live and not self.force:
-            sink.plan = committer.plan(Scope.everything())
+            sink.plan = committer.plan(committer.recovery_scope())
             self._refuse(
                 sink,
                 f"the sink is live: {sink.evidence()}. Nothing was done for it: a "
                 "running query resolves its own leftovers at its next batch",
             )
         elif sink.locked or self._wait_for_lock(sink, committer):
-            sink.plan = committer.plan(Scope.everything())
-            self._refuse_foreign_owners(sink)
+            sink.plan = committer.plan(committer.recovery_scope())
+            self._warn_foreign_owners(sink)
 
     def _plan_only(self, sink: SinkRecovery, committer: Committer) -> None:
         """A dry run: the plan and the losses, without the lock; a live sink is said."""
-        sink.plan = committer.plan(Scope.everything())
+        sink.plan = committer.plan(committer.recovery_scope())
         sink.lost = confirmed_losses(self.conn, sink.plan)
         if sink.locked:
             st.unlock_sink(self.conn, sink.sink_id)
@@ -162,7 +162,7 @@ class Recovery:
         if sink.locked:
             return True
         sink.holders = st.lock_holders(self.conn, sink.sink_id) or sink.holders
-        sink.plan = committer.plan(Scope.everything())
+        sink.plan = committer.plan(committer.recovery_scope())
         self._refuse(
             sink,
             f"the sink's lock is still held after {self.lock_timeout:g}s "
@@ -170,20 +170,29 @@ class Recovery:
         )
         return False
 
-    def _refuse_foreign_owners(self, sink: SinkRecovery) -> None:
-        """Only a prepared transaction's owner (or a superuser) may finish it."""
-        if self.me.superuser:
+    def _warn_foreign_owners(self, sink: SinkRecovery) -> None:
+        """Only a prepared transaction's owner (or a superuser) may finish it: the plan
+        leaves those (docs/DESIGN.md, the resolution rule), and the rest is resolved."""
+        if self.me.superuser or sink.plan is None:
             return
-        role = self.me.role
-        owners = sorted({a.prepared.owner for a in sink.to_do() if a.prepared.owner != role})
+        owners = sorted(
+            {
+                a.prepared.owner
+                for a in sink.plan.actions
+                if a.action is Action.LEAVE and a.reason.startswith("prepared by role")
+            }
+        )
         if owners:
-            message = (
-                f"transactions of this sink were prepared by role(s) {', '.join(owners)}; "
-                f"only that role or a superuser may COMMIT/ROLLBACK PREPARED them, and this is "
-                f"role {role}. Nothing was done for this sink. Fix: run recover connected "
-                f"as {owners[0]} or as a superuser"
+            self.warnings.append(
+                Notice(
+                    "warning",
+                    f"transactions of this sink were prepared by role(s) {', '.join(owners)}; "
+                    "only that role or a superuser may COMMIT/ROLLBACK PREPARED them, and this "
+                    f"is role {self.me.role}: they were left prepared, the rest was resolved",
+                    f"run sqlsink recover connected as {owners[0]} or as a superuser",
+                    sink.sink_id,
+                )
             )
-            self._refuse(sink, message, failed=True)
 
     def _refuse(self, sink: SinkRecovery, message: str, failed: bool = False) -> None:
         """Nothing is done for this sink; data loss is still looked for (read-only)."""

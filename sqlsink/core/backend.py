@@ -18,6 +18,12 @@ class TwoPhaseBackend(Protocol):
         ...
 
     @property
+    def finisher_role(self) -> str | None:
+        """The role we act as when it can finish only its own prepared transactions;
+        None for a superuser."""
+        ...
+
+    @property
     def session_pid(self) -> int | None:
         """The server process of this session, when there is one (fault injection cuts it)."""
         ...
@@ -46,6 +52,21 @@ class TwoPhaseBackend(Protocol):
 
     def highest_decided(self, sink_id: str) -> int | None:
         """The sink's highest decided batch; None before its first decision."""
+        ...
+
+    def register_run(
+        self, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+    ) -> str | None:
+        """Record the run (heartbeat; the first sight of a run id supersedes every other
+        run of the sink). Returns the run that fenced this one, None if it is the newest."""
+        ...
+
+    def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        """Spark aborted the run's batch: its late tasks must not stay prepared."""
+        ...
+
+    def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        """(sink, run) of runs not fenced whose heartbeat is fresh -> its age in seconds."""
         ...
 
     def insert_decision(

@@ -34,9 +34,17 @@ from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, PartitionOutcome, ResolutionReport
 from sqlsink.core.resolution import Action, Plan, Scope, plan_resolution
-from sqlsink.errors import CheckpointError, CommitError, DataLossError, SinkBindingError
+from sqlsink.errors import (
+    CheckpointError,
+    CommitError,
+    DataLossError,
+    FencedError,
+    SinkBindingError,
+)
 
 log = logging.getLogger("sqlsink")
+
+DEFAULT_RUN_TIMEOUT_S = 300.0  # the option runTimeout
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,24 @@ class Committer:
         *,
         timeouts: TimeoutPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
     ) -> None:
         self.backend = backend
         self.sink_id = sink_id
         self.timeouts = timeouts or TimeoutPolicy()
         self.clock = clock  # injectable: tests move time, not sleep
+        self.run_timeout_s = run_timeout_s  # a run is live while heard from this recently
+
+    def register(self, run_id: str | None, *, holds_lock: bool) -> None:
+        """Record the run (invariant 10); a FencedError when a newer run superseded it."""
+        if run_id is None:
+            return
+        sink_id = self._sink()
+        fenced_by = self.backend.register_run(
+            sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock
+        )
+        if fenced_by is not None:
+            raise fenced_error(sink_id, run_id, fenced_by)
 
     # -- who may write (invariants 8 and 9) ---------------------------------------------
 
@@ -98,7 +119,8 @@ class Committer:
         sink_id = self._sink()
         writer = Binding("load") if load else Binding.of(query_id) if query_id else None
         with self.backend.sink_lock(sink_id):
-            self.check_writer(writer, batch_id)
+            self.check_writer(writer, batch_id)  # a refused writer fences nobody
+            self.register(run_id, holds_lock=True)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
                 (sink_id, batch_id)
             )
@@ -107,7 +129,7 @@ class Committer:
                 self._decide(batch_id, outcomes, query_id, run_id)
                 crash_point("after_decision", batch_id)
             decided = time.monotonic()
-            scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
+            scope = Scope.live(run_id, batch_id) if run_id else self.recovery_scope()
             report = self._resolve(scope, dry_run=False)[1]
             commit_ms = (time.monotonic() - decided) * 1000
             self.backend.record_metrics(sink_id, batch_id, commit_ms, len(report.rolled_back))
@@ -179,19 +201,46 @@ class Committer:
         )
 
     def abort_batch(
-        self, batch_id: int, outcomes: Sequence[PartitionOutcome | None], *, run_id: str | None
+        self,
+        batch_id: int,
+        outcomes: Sequence[PartitionOutcome | None],
+        *,
+        run_id: str | None,
+        query_id: str | None = None,
+        load: bool = False,
     ) -> ResolutionReport:
-        """Roll back batch N unless it is decided; a decided batch is rolled forward."""
+        """Roll back this run's batch N unless it is decided; a decided batch is rolled
+        forward. Never acts beyond its own run, nor for a writer the sink refused."""
         sink_id = self._sink()
+        run_id = run_id or next((o.run_id for o in outcomes if o and o.run_id), None)
+        query_id = query_id or next((o.query_id for o in outcomes if o and o.query_id), None)
+        writer = Binding("load") if load else Binding.of(query_id) if query_id else None
+        if run_id is None:
+            log.warning(
+                "sqlsink %s: batch %d aborted before any task reported; its run is unknown, "
+                "so nothing is rolled back now: the next batch or sqlsink recover resolves it",
+                sink_id,
+                batch_id,
+            )
+            return ResolutionReport()
         with self.backend.sink_lock(sink_id):
+            bound = self.backend.binding(sink_id)
+            highest = self.backend.highest_decided(sink_id)
+            if writer is not None and refuses(bound, highest, writer):
+                log.warning(
+                    "sqlsink %s: batch %d of %s aborted; the sink belongs to %s, so this "
+                    "abort touches nothing",
+                    sink_id,
+                    batch_id,
+                    writer.describe(),
+                    bound.describe() if bound else "nobody",
+                )
+                return ResolutionReport()
+            self.register(run_id, holds_lock=True)
             decided = (sink_id, batch_id) in self.backend.decisions(sink_id, [(sink_id, batch_id)])
-            if run_id is None:
-                run_id = next((o.run_id for o in outcomes if o and o.run_id), None)
-            if decided:
-                scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
-            else:
-                scope = Scope.aborting(run_id, batch_id) if run_id else Scope.everything()
-            report = self._resolve(scope, dry_run=False)[1]
+            if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
+                self.backend.mark_aborted(sink_id, run_id, batch_id)
+            report = self._resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
         log.warning(
             "sqlsink %s: batch %d aborted (%s): %d rolled back, %d committed",
             sink_id,
@@ -207,7 +256,12 @@ class Committer:
     def recover(self, *, dry_run: bool = False) -> tuple[Plan, ResolutionReport]:
         """Resolve every prepared gid of the sink (of every sink when ``sink_id`` is None)."""
         with self.backend.sink_lock(self.sink_id):
-            return self._resolve(Scope.everything(), dry_run=dry_run)
+            return self._resolve(self.recovery_scope(), dry_run=dry_run)
+
+    def recovery_scope(self) -> Scope:
+        """Everything but the gids of live runs (a fresh heartbeat, not fenced)."""
+        live = self.backend.live_runs(self.sink_id)
+        return Scope.everything(frozenset(run for _, run in live))
 
     def resolve_leftovers(self, run_id: str, batch_id: int) -> ResolutionReport:
         """Before a task of a live run writes: resolve what dead runs left (their locks)."""
@@ -223,7 +277,12 @@ class Committer:
         batches = {(g.sink_id, g.batch_id) for t in prepared if (g := Gid.parse(t.gid)) is not None}
         decisions = self.backend.decisions(self.sink_id, batches)
         plan = plan_resolution(
-            prepared, decisions, database=self.backend.database, sink_id=self.sink_id, scope=scope
+            prepared,
+            decisions,
+            database=self.backend.database,
+            sink_id=self.sink_id,
+            scope=scope,
+            role=self.backend.finisher_role,
         )
         return plan, decisions
 
@@ -341,12 +400,31 @@ class Committer:
         return self.sink_id
 
 
+def fenced_error(sink_id: str, run_id: str, fenced_by: str) -> FencedError:
+    by = "an operator (sqlsink recover --force)" if fenced_by == "operator" else f"run {fenced_by}"
+    return FencedError(
+        f"sink {sink_id!r}: run {run_id} was superseded by {by}: a newer run of this sink "
+        "started (its checkpoint restarted while this driver was paused or cut off), so "
+        "this run is a zombie. It writes, decides and resolves nothing; stop this query, "
+        "the newer run goes on",
+        sink_id=sink_id,
+        run=run_id,
+        fenced_by=fenced_by,
+    )
+
+
 def check_binding(
     sink_id: str, bound: Binding | None, highest: int | None, writer: Binding
 ) -> None:
     """Invariant 8: a sink with decided batches belongs to the writer that decided them."""
-    if bound is not None and bound != writer and highest is not None:
+    if refuses(bound, highest, writer):
+        assert bound is not None
         raise binding_error(sink_id, bound, writer)
+
+
+def refuses(bound: Binding | None, highest: int | None, writer: Binding) -> bool:
+    """Whether a sink bound so, with batches up to ``highest``, refuses this writer."""
+    return bound is not None and bound != writer and highest is not None
 
 
 def check_forward(sink_id: str, batch_id: int, highest: int | None) -> None:

@@ -60,10 +60,20 @@ class Binding:
 class TaskState:
     """The commit log as a partition task sees it before writing (one read)."""
 
+    fenced_by: str | None  # the run that superseded this task's run (None: it is the newest)
     decided: bool  # this batch has a decision
     bound: Binding | None  # the writer the sink is bound to (None: not bound)
     highest: int | None  # the sink's highest decided batch (None: no batch yet)
     prepared: tuple[str, ...]  # prepared gids with this sink's prefix, this database
+
+
+@dataclass(frozen=True)
+class Fate:
+    """What a task attempt learns right after its PREPARE."""
+
+    named: bool | None  # None: the batch is undecided; else whether the decision names it
+    fenced: bool  # its run was superseded
+    aborted: bool  # Spark aborted its batch
 
 
 @dataclass(frozen=True)

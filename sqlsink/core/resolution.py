@@ -3,18 +3,22 @@
     decided batch, gid named by its decision      -> commit       (invariant 2, 3)
     decided batch, gid not named                  -> roll back    (a denied/failed attempt)
     undecided, inside the scope's reach           -> roll back    (nobody will decide it)
-    undecided, an in-flight gid of the live run   -> leave        (its commit is coming)
+    undecided, kept by the scope                  -> leave        (its commit may come)
     not provably this sink's (prefix, sink id,    -> leave        (invariant 6)
       current database)
+    prepared by another role, when we are not     -> leave        (only that role or a
+      a superuser                                                  superuser may finish it)
 
 A scope says which undecided gids nobody can still decide:
-- ``Scope.everything()``: start-up recovery and ``sqlsink recover``: all of them.
-- ``Scope.live(run, batch)``: a live run at ``batch``: gids of other runs (dead
-  ones; a live zombie cannot decide them any more, because deciding requires every
-  gid to be still prepared under the sink lock), and gids of this run's earlier
-  batches (orphans of denied or failed attempts). This run's gids of ``batch`` and
-  later are in flight.
-- ``Scope.aborting(run, batch)``: like live, but this run's gids of ``batch`` too.
+- ``Scope.everything(live_runs)``: ``sqlsink recover``: all of them but those of
+  live runs (a fresh heartbeat, not fenced: invariant 10).
+- ``Scope.live(run, batch)``: the newest run of the sink at ``batch`` (the caller
+  registered it and was not fenced): gids of other runs (superseded: their commits
+  are refused, so nobody can decide them), and gids of this run's earlier batches
+  (orphans of denied or failed attempts). This run's gids of ``batch`` and later
+  are in flight.
+- ``Scope.aborting(run, batch)``: an abort: this run's gids up to ``batch``, and
+  nothing of any other run (an abort never acts beyond its own run).
 
 Besides, every gid a not-yet-complete decision names and that is no longer
 prepared must show its marker row; if not, it was rolled back by someone: data
@@ -39,13 +43,15 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class Scope:
-    run_id: str | None = None  # None: no live run (recovery)
+    run_id: str | None = None  # None: no live run of ours (recovery)
     batch_id: int | None = None
     include_batch: bool = False  # aborting: this run's gids of batch_id are rolled back too
+    own_run_only: bool = False  # aborting: other runs' gids are left alone
+    live_runs: frozenset[str] = frozenset()  # recovery: runs whose gids are in flight
 
     @classmethod
-    def everything(cls) -> Scope:
-        return cls()
+    def everything(cls, live_runs: frozenset[str] = frozenset()) -> Scope:
+        return cls(live_runs=live_runs)
 
     @classmethod
     def live(cls, run_id: str, batch_id: int) -> Scope:
@@ -53,14 +59,28 @@ class Scope:
 
     @classmethod
     def aborting(cls, run_id: str, batch_id: int) -> Scope:
-        return cls(run_id, batch_id, include_batch=True)
+        return cls(run_id, batch_id, include_batch=True, own_run_only=True)
+
+    def keeps(self, gid: Gid) -> str | None:
+        """Why an undecided gid is left alone; None when nobody can decide it any more."""
+        if gid.run_id in self.live_runs:
+            return f"run {gid.run_id} is live"
+        if self.run_id is None or self.batch_id is None:
+            return None
+        if gid.run_id != self.run_id:
+            return (
+                f"of run {gid.run_id}: an abort acts on its own run only"
+                if (self.own_run_only)
+                else None
+            )
+        if gid.batch_id > self.batch_id or (
+            gid.batch_id == self.batch_id and not self.include_batch
+        ):
+            return "in flight in the live run"
+        return None
 
     def in_flight(self, gid: Gid) -> bool:
-        if self.run_id is None or self.batch_id is None or gid.run_id != self.run_id:
-            return False
-        if gid.batch_id > self.batch_id:
-            return True
-        return gid.batch_id == self.batch_id and not self.include_batch
+        return self.keeps(gid) is not None
 
 
 @dataclass(frozen=True)
@@ -88,8 +108,12 @@ def plan_resolution(
     database: str,
     sink_id: str | None,
     scope: Scope,
+    role: str | None = None,
 ) -> Plan:
     """Decide the fate of each prepared transaction; ``sink_id`` None means every sink.
+
+    ``role``: the role we act as, when it is not a superuser (it can finish only the
+    transactions it prepared itself); None: a superuser, who can finish any.
 
     ``decisions`` must hold the decision of every batch that a prepared gid of the
     sink(s) names, and every decision that is not yet complete.
@@ -98,7 +122,7 @@ def plan_resolution(
     still_prepared: set[str] = set()
     for txn in prepared:
         gid = Gid.parse(txn.gid)
-        action, reason = _decide(txn, gid, decisions, database, sink_id, scope)
+        action, reason = _decide(txn, gid, decisions, database, sink_id, scope, role)
         plan.actions.append(PlannedAction(txn, gid, action, reason))
         if action is not Action.LEAVE:
             still_prepared.add(txn.gid)
@@ -117,6 +141,7 @@ def _decide(
     database: str,
     sink_id: str | None,
     scope: Scope,
+    role: str | None,
 ) -> tuple[Action, str]:
     if gid is None:
         return Action.LEAVE, "not a sqlsink transaction"
@@ -124,11 +149,15 @@ def _decide(
         return Action.LEAVE, f"belongs to sink {gid.sink_id}"
     if txn.database != database:
         return Action.LEAVE, f"in database {txn.database}"
+    if role is not None and txn.owner != role:
+        return Action.LEAVE, (
+            f"prepared by role {txn.owner}: only that role or a superuser can finish it"
+        )
     decision = decisions.get((gid.sink_id, gid.batch_id))
     if decision is not None:
         if txn.gid in decision.gids:
             return Action.COMMIT, f"batch {gid.batch_id} is decided"
         return Action.ROLLBACK, f"batch {gid.batch_id} is decided without this attempt"
-    if scope.in_flight(gid):
-        return Action.LEAVE, "in flight in the live run"
+    if (kept := scope.keeps(gid)) is not None:
+        return Action.LEAVE, kept
     return Action.ROLLBACK, f"batch {gid.batch_id} is undecided"

@@ -3,6 +3,7 @@ the sink lock and the server's prepared transactions."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable
 from contextlib import AbstractContextManager
 
@@ -10,8 +11,8 @@ import psycopg
 from psycopg import sql
 
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Binding, Decision, PreparedTransaction, TaskState
-from sqlsink.errors import ConfigError
+from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
+from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import commit_log, locks
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
@@ -20,10 +21,23 @@ from sqlsink.postgres.connection import Connection
 class PostgresBackend:
     """Implements ``sqlsink.core.backend.TwoPhaseBackend`` on one autocommit connection."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, lock_timeout_s: float = 60.0) -> None:
+        """``lock_timeout_s`` bounds every lock wait of this session (the sink lock too)."""
         self.conn = conn
-        row = conn.execute("SELECT current_database()").fetchone()
-        self._database = str(row[0]) if row else ""
+        self.lock_timeout_s = lock_timeout_s
+        row = conn.execute(
+            "SELECT current_database(), current_user, "
+            "       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), "
+            "       set_config('lock_timeout', %s, false)",
+            (f"{max(int(lock_timeout_s * 1000), 1)}ms",),
+        ).fetchone()
+        assert row is not None
+        self._database = str(row[0])
+        self._role = None if row[2] else str(row[1])
+
+    @property
+    def finisher_role(self) -> str | None:
+        return self._role
 
     @property
     def database(self) -> str:
@@ -34,7 +48,7 @@ class PostgresBackend:
         return None if self.conn.closed else self.conn.info.backend_pid
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
-        return locks.sink_lock(self.conn, sink_id)
+        return locks.sink_lock(self.conn, sink_id, self.lock_timeout_s)
 
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
         prefix = Gid.sink_prefix(sink_id) if sink_id else "sqlsink_"
@@ -59,11 +73,25 @@ class PostgresBackend:
     def highest_decided(self, sink_id: str) -> int | None:
         return commit_log.highest_decided(self.conn, sink_id)
 
-    def task_state(self, sink_id: str, batch_id: int) -> TaskState:
-        return commit_log.task_state(self.conn, sink_id, batch_id, Gid.sink_prefix(sink_id))
+    def task_state(self, sink_id: str, run_id: str, batch_id: int) -> TaskState:
+        prefix = Gid.sink_prefix(sink_id)
+        return commit_log.task_state(self.conn, sink_id, run_id, batch_id, prefix)
 
-    def decided_with(self, sink_id: str, batch_id: int, gid: str) -> bool | None:
-        return commit_log.decided_with(self.conn, sink_id, batch_id, gid)
+    def attempt_fate(self, sink_id: str, run_id: str, batch_id: int, gid: str) -> Fate:
+        return commit_log.attempt_fate(self.conn, sink_id, run_id, batch_id, gid)
+
+    def register_run(
+        self, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+    ) -> str | None:
+        return commit_log.register_run(
+            self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock
+        )
+
+    def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        commit_log.mark_aborted(self.conn, sink_id, run_id, batch_id)
+
+    def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        return commit_log.live_runs(self.conn, sink_id)
 
     def insert_decision(
         self,
@@ -100,6 +128,9 @@ class PostgresBackend:
             self.conn.execute(sql.SQL(statement).format(sql.Literal(gid)))
         except psycopg.errors.UndefinedObject:
             return False  # not prepared (any more)
+        except psycopg.errors.ObjectNotInPrerequisiteState:  # "is busy": being finished
+            self._await_finished(gid)  # by someone else: the caller verifies the outcome
+            return False
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(
                 f"cannot finish prepared transaction {gid}: {exc.diag.message_primary}. "
@@ -108,6 +139,23 @@ class PostgresBackend:
                 gid=gid,
             ) from None
         return True
+
+    def _await_finished(self, gid: str) -> None:
+        """Wait (bounded) until another session has finished ``gid``."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        while time.monotonic() < deadline:
+            row = self.conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE gid = %s)", (gid,)
+            ).fetchone()
+            if not (row and row[0]):
+                return
+            time.sleep(0.05)
+        raise TransientError(
+            f"prepared transaction {gid} is being finished by another session, which has "
+            f"not completed in {self.lock_timeout_s:.0f} s (a synchronous standby that does "
+            "not answer?); run sqlsink status to see it, and check synchronous replication",
+            gid=gid,
+        )
 
     def visible_markers(self, gids: Collection[str]) -> set[str]:
         return commit_log.visible_markers(self.conn, gids)

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable
 
 import psycopg
 
-from sqlsink.core.model import Binding, Decision, TaskState
+from sqlsink.core.model import Binding, Decision, Fate, TaskState
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -35,7 +35,9 @@ def warn_markers_kept() -> None:
 
 
 _TASK_STATE = """
-SELECT EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
+SELECT (SELECT coalesce(superseded_by, 'operator') FROM sqlsink.runs
+         WHERE sink_id = %(sink)s AND run_id = %(run)s AND superseded_at IS NOT NULL),
+       EXISTS (SELECT 1 FROM sqlsink.decisions WHERE sink_id = %(sink)s AND batch_id = %(batch)s),
        s.writer, s.query_id, s.sink_id IS NOT NULL,
        (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s),
        ARRAY(SELECT gid FROM pg_prepared_xacts
@@ -49,13 +51,22 @@ def like_prefix(prefix: str) -> str:
     return prefix.replace("_", r"\_") + "%"
 
 
-def task_state(conn: Connection, sink_id: str, batch_id: int, gid_prefix: str) -> TaskState:
-    row = conn.execute(
-        _TASK_STATE, {"sink": sink_id, "batch": batch_id, "prefix": like_prefix(gid_prefix)}
-    ).fetchone()
+def task_state(
+    conn: Connection, sink_id: str, run_id: str, batch_id: int, gid_prefix: str
+) -> TaskState:
+    """What the task must know before writing, in one read (whether its run is fenced
+    too: a fenced run is refused even where its writer is not checked)."""
+    params = {
+        "sink": sink_id,
+        "run": run_id,
+        "batch": batch_id,
+        "prefix": like_prefix(gid_prefix),
+    }
+    row = conn.execute(_TASK_STATE, params).fetchone()
     assert row is not None
-    decided, writer, query_id, exists, highest, prepared = row
+    fenced_by, decided, writer, query_id, exists, highest, prepared = row
     return TaskState(
+        None if fenced_by is None else str(fenced_by),
         bool(decided),
         _binding(writer, query_id) if exists else None,
         None if highest is None else int(highest),
@@ -69,13 +80,63 @@ def _binding(writer: object, query_id: object) -> Binding:
     return Binding("unknown", None if query_id is None else str(query_id))
 
 
-def decided_with(conn: Connection, sink_id: str, batch_id: int, gid: str) -> bool | None:
-    """None: the batch is undecided; else whether its decision names ``gid``."""
+def attempt_fate(conn: Connection, sink_id: str, run_id: str, batch_id: int, gid: str) -> Fate:
+    """After PREPARE: is the attempt's batch decided (with it?), aborted, its run fenced?"""
     row = conn.execute(
-        "SELECT %s = ANY(gids) FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = %s",
-        (gid, sink_id, batch_id),
+        "SELECT (SELECT %(gid)s = ANY(gids) FROM sqlsink.decisions "
+        "         WHERE sink_id = %(sink)s AND batch_id = %(batch)s), "
+        "       coalesce(r.superseded_at IS NOT NULL, false), "
+        "       coalesce(r.aborted_batch >= %(batch)s, false) "
+        "FROM (SELECT) AS one LEFT JOIN sqlsink.runs r "
+        "  ON r.sink_id = %(sink)s AND r.run_id = %(run)s",
+        {"gid": gid, "sink": sink_id, "batch": batch_id, "run": run_id},
     ).fetchone()
-    return None if row is None else bool(row[0])
+    assert row is not None
+    return Fate(None if row[0] is None else bool(row[0]), bool(row[1]), bool(row[2]))
+
+
+# -- runs (invariant 10) ---------------------------------------------------------------------
+
+
+def register_run(
+    conn: Connection, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+) -> str | None:
+    """Record the run (fencing token, heartbeat); the run that fenced it, if it is fenced."""
+    row = conn.execute(
+        "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)",
+        (sink_id, run_id, live_for_s, holds_lock),
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def mark_aborted(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> None:
+    """Spark aborted this run's batch: a task of it that prepares later rolls itself back."""
+    conn.execute(
+        "UPDATE sqlsink.runs SET aborted_batch = greatest(aborted_batch, %s) "
+        "WHERE sink_id = %s AND run_id = %s",
+        (batch_id, sink_id, run_id),
+    )
+
+
+def live_runs(conn: Connection, sink_id: str | None) -> dict[tuple[str, str], float]:
+    """(sink, run) -> heartbeat age in seconds, for runs not fenced and heard from lately."""
+    rows = conn.execute(
+        "SELECT sink_id, run_id, extract(epoch FROM clock_timestamp() - heartbeat_at) "
+        "FROM sqlsink.runs WHERE superseded_at IS NULL "
+        "AND heartbeat_at > clock_timestamp() - live_for "
+        "AND (%s::text IS NULL OR sink_id = %s::text)",
+        (sink_id, sink_id),
+    ).fetchall()
+    return {(str(s), str(r)): float(age) for s, r, age in rows}
+
+
+def fence_runs(conn: Connection, sink_id: str, run_ids: Collection[str]) -> None:
+    """An operator declares these runs dead: they can never commit or resolve again."""
+    conn.execute(
+        "UPDATE sqlsink.runs SET superseded_at = clock_timestamp(), superseded_by = 'operator' "
+        "WHERE sink_id = %s AND run_id = ANY(%s) AND superseded_at IS NULL",
+        (sink_id, list(run_ids)),
+    )
 
 
 def insert_marker(
@@ -157,8 +218,10 @@ def insert_decision(
         conn.execute("SET LOCAL synchronous_commit = on")
         writer = Binding.of(query_id)
         conn.execute(
+            # a row made by a run's registration says no writer yet: the first decision's
             "INSERT INTO sqlsink.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s) "
-            "ON CONFLICT (sink_id) DO NOTHING",
+            "ON CONFLICT (sink_id) DO UPDATE SET writer = excluded.writer, "
+            "query_id = excluded.query_id WHERE sinks.writer IS NULL",
             (sink_id, writer.kind, writer.query_id),
         )
         cur = conn.execute(

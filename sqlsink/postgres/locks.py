@@ -8,6 +8,7 @@ transaction-scoped one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +16,10 @@ from datetime import datetime
 
 import psycopg
 
+from sqlsink.errors import TransientError
 from sqlsink.postgres.connection import Connection
+
+log = logging.getLogger("sqlsink")
 
 _SCHEMA_KEY = "sqlsink:schema"
 
@@ -34,10 +38,17 @@ def lock_ids(conn: Connection, sink_id: str | None) -> tuple[int, int]:
 
 
 @contextmanager
-def sink_lock(conn: Connection, sink_id: str | None) -> Iterator[None]:
-    """Hold the sink's session lock for the block."""
-    key = lock_key(sink_id)
-    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+def sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> Iterator[None]:
+    """Hold the sink's session lock for the block; wait for it at most ``timeout_s``.
+
+    A holder that is provably a fenced run's session (docs/DESIGN.md invariant 10: the
+    pid and start time it recorded when it took the lock) is ended, and the lock taken
+    then; any other holder gets a TransientError that names it and the fix.
+    """
+    if not wait_sink_lock(conn, sink_id, timeout_s):
+        ended = end_fenced_holders(conn, sink_id)
+        if not (ended and wait_sink_lock(conn, sink_id, timeout_s)):
+            raise lock_wait_error(conn, sink_id, timeout_s)
     try:
         yield
     finally:
@@ -54,16 +65,78 @@ def try_sink_lock(conn: Connection, sink_id: str | None) -> bool:
 
 def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another."""
-    conn.execute(
-        "SELECT set_config('lock_timeout', %s, false)", (f"{max(int(timeout_s * 1000), 1)}ms",)
-    )
+    row = conn.execute(
+        "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, false)",
+        (f"{max(int(timeout_s * 1000), 1)}ms",),
+    ).fetchone()
+    before = str(row[0]) if row else "0"
     try:
         conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),))
         return True
     except psycopg.errors.LockNotAvailable:
         return False
     finally:
-        conn.execute("SELECT set_config('lock_timeout', '0', false)")
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (before,))
+
+
+_HOLDERS = (
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid()"
+)
+
+
+def end_fenced_holders(conn: Connection, sink_id: str | None) -> list[int]:
+    """End the sessions holding the sink lock that provably belong to fenced runs."""
+    if sink_id is None:
+        return []
+    classid, objid = lock_ids(conn, sink_id)
+    # the holder recorded its pid and start time when it took the lock: no other session
+    rows = conn.execute(
+        "SELECT a.pid, r.run_id, pg_terminate_backend(a.pid, 5000) "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "JOIN sqlsink.runs r ON r.sink_id = %s AND r.superseded_at IS NOT NULL "
+        "     AND r.lock_pid = a.pid AND r.lock_backend_start = a.backend_start "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid()",
+        (sink_id, classid, objid),
+    ).fetchall()
+    for pid, run_id, _ in rows:
+        log.warning(
+            "sqlsink %s: ended session pid %s of run %s, which was superseded by a newer run "
+            "but still held the sink lock (a paused or cut-off driver)",
+            sink_id,
+            pid,
+            run_id,
+        )
+    return [int(pid) for pid, _, _ in rows]
+
+
+def sink_lock_holders(conn: Connection, sink_id: str | None) -> list[Holder]:
+    classid, objid = lock_ids(conn, sink_id)
+    rows = conn.execute(
+        f"SELECT a.pid, a.application_name, a.state, a.state_change {_HOLDERS} ORDER BY a.pid",
+        (classid, objid),
+    ).fetchall()
+    return [
+        Holder(f"the sink lock ({state or 'unknown state'})", "advisory", pid, None, app, since)
+        for pid, app, state, since in rows
+    ]
+
+
+def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> TransientError:
+    holders = sink_lock_holders(conn, sink_id)
+    return TransientError(
+        f"sink {sink_id}: waited {timeout_s:.0f} s for the sink lock, held by "
+        f"{describe_holders(holders)}. Committers, task resolutions and sqlsink recover of "
+        "one sink take turns under it; a holder this long is stuck (a paused driver, a "
+        "half-open connection). If it is, end it: SELECT pg_terminate_backend(pid); or "
+        "raise lockTimeout",
+        sink_id=sink_id,
+        holders=[h.pid for h in holders],
+    )
 
 
 def unlock_sink(conn: Connection, sink_id: str | None) -> None:
@@ -102,8 +175,11 @@ def relation_lock_holders(conn: Connection, relations: Collection[str]) -> list[
         "       coalesce(a.xact_start, p.prepared) "
         "FROM pg_locks l "
         "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-        "LEFT JOIN pg_prepared_xacts p ON l.pid IS NULL "
-        "     AND l.virtualtransaction = '-1/' || p.transaction::text "
+        # a prepared transaction has no pid; its own transactionid lock, under the same
+        # virtualtransaction, names its xid
+        "LEFT JOIN pg_locks x ON l.pid IS NULL AND x.locktype = 'transactionid' "
+        "     AND x.virtualtransaction = l.virtualtransaction "
+        "LEFT JOIN pg_prepared_xacts p ON p.transaction = x.transactionid "
         "WHERE l.granted AND l.locktype = 'relation' "
         "  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "  AND l.relation = ANY(%s::regclass[]) AND l.pid IS DISTINCT FROM pg_backend_pid() "

@@ -34,6 +34,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName, TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
+from sqlsink.postgres.locks import describe_holders, relation_lock_holders
 from sqlsink.postgres.schema import privilege_error
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.postgres.upsert import ORDINAL
@@ -58,15 +59,17 @@ def write_partition(
         application_name=appnames.task(task.sink_id, task.batch_id, task.partition_id),
     )
     try:
-        participant = Participant(PostgresBackend(conn), task, options.timeouts)
+        backend = PostgresBackend(conn, options.lock_timeout_s)
+        participant = Participant(backend, task, options.timeouts, options.run_timeout_s)
         try:
-            decided = participant.before_write()
+            start = participant.before_write()
         except psycopg.errors.InsufficientPrivilege as exc:
             raise privilege_error(conn, exc) from None
-        if decided:
-            for _ in rows_iter:  # Spark expects the iterator consumed
-                pass
-            return _outcome(task, None, 0, skipped=True, started=started)
+        if start.skip or start.adopt:
+            counted = first.num_rows + sum(b.num_rows for b in rows_iter)  # Spark wants it read
+            if start.skip:
+                return _outcome(task, None, 0, skipped=True, started=started)
+            return _outcome(task, start.adopt, counted, skipped=False, started=started)
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
         rows = _load(conn, participant, options, target, gid, itertools.chain([first], rows_iter))
         return _outcome(task, str(gid) if gid else None, rows, skipped=False, started=started)
@@ -95,10 +98,6 @@ def _load(
     staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
     try:
         conn.execute("BEGIN")
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, true)",
-            (f"{int(options.lock_timeout_s * 1000)}ms",),
-        )
         if options.semantic is Semantic.NONE:
             conn.execute("SET LOCAL synchronous_commit = off")
         if upsert is not None and staging is not None:
@@ -214,11 +213,57 @@ def _write_error(
     parts.append(f"server says: {message}")
     if diag.message_detail:
         parts.append(scrub(diag.message_detail, options.url, options.password).rstrip("."))
-    fix = _fix_for(diag.sqlstate)
+    fix = _fix_for(diag.sqlstate, options, target, task)
     text = "; ".join(parts) + f". Nothing of batch {task.batch_id} is visible. {fix}"
     if isinstance(exc, psycopg.OperationalError) or diag.sqlstate in ("40001", "40P01", "55P03"):
         return TransientError(text, batch=task.batch_id, partition=task.partition_id)
     return WriteError(text, batch=task.batch_id, partition=task.partition_id, column=column)
+
+
+def _lock_fix(options: SinkOptions, target: TargetPlan, task: TaskIdentity) -> str:
+    """Name who holds the locks we waited for: prepared transactions first (invariant 11)."""
+    try:
+        with connect(options.url, options.password, application_name=appnames.ONE_OFF) as conn:
+            holders = relation_lock_holders(conn, [str(target.table)])
+    except SqlsinkError:
+        holders = []
+    prepared = [h for h in holders if h.gid is not None]
+    siblings = [h for h in prepared if _same_batch(h.gid, task)]
+    leftovers = [h for h in prepared if h not in siblings]
+    if leftovers:
+        sinks = sorted({g.sink_id for h in leftovers if h.gid and (g := Gid.parse(h.gid))})
+        recover = "; ".join(f"sqlsink recover --sink-id {s}" for s in sinks)
+        return (
+            f"Fix: {describe_holders(leftovers)} holds locks on the table's rows. "
+            + (
+                f"It is a sqlsink leftover: resolve it with {recover}"
+                if sinks
+                else "It is not sqlsink's: finish it with COMMIT PREPARED or ROLLBACK PREPARED"
+            )
+            + f", then restart the query (or raise lockTimeout, now {options.lock_timeout_s:.0f} s)"
+        )
+    if siblings:
+        return (
+            f"Fix: another partition of batch {task.batch_id} ({describe_holders(siblings)}) "
+            "wrote the same key: partition the DataFrame by the table's key "
+            "(repartition(n, key) or repartitionByRange(n, key)) so that each key is in one "
+            "partition, or raise lockTimeout"
+        )
+    others = describe_holders(holders) if holders else "another transaction"
+    return (
+        f"Fix: {others} holds locks on the same rows; if it is a partition of the same batch "
+        "(the same key in two partitions), partition the DataFrame by the table's key; or "
+        "raise lockTimeout"
+    )
+
+
+def _same_batch(gid: str | None, task: TaskIdentity) -> bool:
+    parsed = Gid.parse(gid) if gid else None
+    return parsed is not None and (parsed.sink_id, parsed.run_id, parsed.batch_id) == (
+        task.sink_id,
+        task.run_id,
+        task.batch_id,
+    )
 
 
 def _column_from_context(context: str | None) -> str | None:
@@ -228,11 +273,18 @@ def _column_from_context(context: str | None) -> str | None:
     return None
 
 
-def _fix_for(sqlstate: str | None) -> str:
+def _fix_for(
+    sqlstate: str | None, options: SinkOptions, target: TargetPlan, task: TaskIdentity
+) -> str:
     if sqlstate == "55P03":
+        return _lock_fix(options, target, task)
+    if sqlstate == "53200":
         return (
-            "Fix: another transaction (maybe another partition of the same batch) holds a lock "
-            "on the same rows; partition the DataFrame by the table's key, or raise lockTimeout"
+            "Fix: the server ran out of prepared-transaction slots: each non-empty partition "
+            "of a batch holds one until the batch commits, so max_prepared_transactions (a "
+            "server setting, changed with a restart) must be at least the number of "
+            "partitions of a batch, for all sinks of the server together. Raise it, or write "
+            "fewer partitions (df.coalesce(n) before the sink); sqlsink check shows the setting"
         )
     if sqlstate and sqlstate.startswith("23"):
         return "Fix: correct or filter the offending rows, then restart the query"

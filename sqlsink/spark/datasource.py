@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +212,7 @@ class _SinkWriter:
             )
             return
         with _CommitterSession(self.options, sink_id) as committer:
-            committer.abort_batch(batch_id, outcomes, run_id=None)
+            committer.abort_batch(batch_id, outcomes, run_id=None, load=self.is_load)
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
@@ -227,18 +227,31 @@ class SqlsinkStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         if ctx is None:
             raise ConfigError("sqlsink: write() called outside a Spark task")
-        return self._write(
-            iterator,
-            batch_id=int(ctx.getLocalProperty("streaming.sql.batchId") or 0),
-            run_id=ctx.getLocalProperty("spark.jobGroup.id") or "norun",
-            query_id=ctx.getLocalProperty("sql.streaming.queryId"),
-        )
+        batch_id, run_id, query_id = stream_identity(ctx.getLocalProperty)
+        return self._write(iterator, batch_id=batch_id, run_id=run_id, query_id=query_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._commit(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)
+
+
+def stream_identity(prop: Callable[[str], str | None]) -> tuple[int, str, str]:
+    """(batch id, run id, query id) of a streaming task, from Spark's local properties.
+
+    No fallbacks: a batch id of 0 or a made-up run id would write a batch under a name
+    that is not its own (docs/DESIGN.md invariants 9 and 10)."""
+    names = ("streaming.sql.batchId", "spark.jobGroup.id", "sql.streaming.queryId")
+    batch, run, query = (prop(name) for name in names)
+    if not (batch and batch.isdigit() and run and query):
+        raise ConfigError(
+            "sqlsink: a streaming task without Spark's batch id, run id or query id "
+            f"(local properties {', '.join(names)}: {batch!r}, {run!r}, {query!r}); this "
+            "Spark version or launch path is not supported by format('sqlsink'): use the "
+            "foreachBatch writer, or report it with your Spark version"
+        )
+    return int(batch), run, query
 
 
 class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
@@ -297,7 +310,12 @@ class _CommitterSession:
             self.options.password,
             application_name=appnames.committer(self.sink_id),
         )
-        return Committer(PostgresBackend(self.conn), self.sink_id, timeouts=self.options.timeouts)
+        return Committer(
+            PostgresBackend(self.conn, self.options.lock_timeout_s),
+            self.sink_id,
+            timeouts=self.options.timeouts,
+            run_timeout_s=self.options.run_timeout_s,
+        )
 
     def __exit__(self, *exc: object) -> None:
         self.conn.close()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pyarrow as pa
+import pytest
 from psycopg import sql
 
 from sqlsink.core.committer import Committer
@@ -23,6 +24,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.partition import write_partition
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import TargetPlan, plan_target
+from tests.fix_pg import forget_sink
 
 
 def new_sink() -> str:
@@ -75,6 +77,19 @@ class Writer:
                 batch, outcomes, query_id=self.query_id, run_id=self.run, load=not self.query_id
             )
 
+    def abort(
+        self, batch: int, outcomes: list[PartitionOutcome | None], run: str | None = ""
+    ) -> ResolutionReport:
+        """Spark's abort(): the run id is the writer's unless given (None: unknown)."""
+        with self.committer() as committer:
+            return committer.abort_batch(
+                batch,
+                outcomes,
+                run_id=self.run if run == "" else run,
+                query_id=self.query_id,
+                load=not self.query_id,
+            )
+
     def batch(self, batch: int, *parts: range) -> ResolutionReport:
         """A whole batch: one task per range, then the commit."""
         outcomes: list[PartitionOutcome | None] = [
@@ -103,3 +118,18 @@ def prepared_of(url: str, sink: str) -> list[str]:
             (f"sqlsink\\_{sink}\\_%",),
         )
         return [str(r[0]) for r in found]
+
+
+@pytest.fixture
+def sink(pg_url: str) -> Iterator[str]:
+    """A new sink id; its commit log is forgotten after the test."""
+    sink = new_sink()
+    yield sink
+    forget_sink(pg_url, sink)
+
+
+@pytest.fixture
+def keyed(pg_url: str, table: str) -> str:
+    """The test's table, with a primary key on ``id``."""
+    make_table(pg_url, table)
+    return table

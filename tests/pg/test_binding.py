@@ -5,27 +5,11 @@ Issue 12, items 1-3: each interleaving that lost rows silently, really executed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
 from sqlsink.errors import CheckpointError, SinkBindingError
-from tests.fix_pg import forget_sink
-from tests.pg.protocol import Writer, ids_of, make_table, new_sink, prepared_of
-
-
-@pytest.fixture
-def sink(pg_url: str) -> Iterator[str]:
-    sink = new_sink()
-    yield sink
-    forget_sink(pg_url, sink)
-
-
-@pytest.fixture
-def keyed(pg_url: str, table: str) -> str:
-    make_table(pg_url, table)
-    return table
+from tests.pg.protocol import Writer, ids_of, prepared_of
 
 
 def test_a_stream_reusing_a_backfills_sink_id_is_refused_before_writing(

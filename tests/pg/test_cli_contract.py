@@ -187,7 +187,7 @@ def sink_is_live(db: Db) -> Iterator[None]:
     with (
         psycopg.connect(db.url, autocommit=True, application_name=name) as task,
         psycopg.connect(db.url, autocommit=True) as holder,
-        sink_lock(holder, SINK),
+        sink_lock(holder, SINK, 5.0),
     ):
         pids = [task.info.backend_pid, holder.info.backend_pid]
         yield

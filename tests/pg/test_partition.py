@@ -46,22 +46,23 @@ def test_an_attempt_that_prepares_after_its_batch_was_decided_rolls_itself_back(
         conn.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table)))
         options = SinkOptions.parse({"url": pg_url, "table": table, "sinkId": sink})
         target = plan_target(conn, options, ["id"], None)  # type: ignore[arg-type]
-        # the winner (attempt 1) wrote and the batch is decided while the loser is in its COPY
-        winner = write_partition(options, target, task(sink, 1), rows(range(5)))
+        # the loser (attempt 0) is in its COPY while the winner (attempt 1) writes and the
+        # batch is decided (had the winner prepared first, the loser would adopt it)
         faults = tmp_path / "faults.json"
         sleep = {"point": "mid_copy", "batch": 3, "attempt": 0, "action": "sleep", "seconds": 2}
         faults.write_text(json.dumps([sleep]))
         monkeypatch.setenv(FAULTS_ENV, str(faults))
 
-        def decide_meanwhile() -> None:
+        def win_and_decide_meanwhile() -> None:
             time.sleep(0.5)
+            winner = write_partition(options, target, task(sink, 1), rows(range(5)))
             with psycopg.connect(pg_url, autocommit=True) as other:
                 backend = PostgresBackend(other)  # type: ignore[arg-type]
                 assert winner.gid is not None
                 backend.insert_decision(sink, 3, [winner.gid], 5, None, "run1")
                 backend.commit_prepared(winner.gid)
 
-        decider = threading.Thread(target=decide_meanwhile)
+        decider = threading.Thread(target=win_and_decide_meanwhile)
         decider.start()
         with pytest.raises(TransientError, match="decided without this attempt"):
             write_partition(options, target, task(sink, 0), rows(range(100, 105)))

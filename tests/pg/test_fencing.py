@@ -1,0 +1,155 @@
+"""One live run per sink, aborts that stay in their run, retries that make progress
+(docs/DESIGN.md invariants 10 and 12; issue 12 items 8, 9, 10, 16): each
+interleaving run for real against PostgreSQL with the sink's own code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sqlsink.core.faults import ENV as FAULTS_ENV
+from sqlsink.core.model import PartitionOutcome
+from sqlsink.errors import FencedError, SinkBindingError, TransientError
+from sqlsink.postgres.partition import write_partition
+from tests.fix_pg import forget_sink
+from tests.pg.protocol import Writer, ids_of, new_sink, prepared_of, rows
+
+
+def test_a_resumed_zombie_driver_is_fenced_and_touches_nothing_of_the_new_run(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Item 9: the zombie's commit(5) rolled back the new run's batch 6; B then failed."""
+    zombie = Writer(pg_url, keyed, sink, query_id="q", run="run-a")
+    zombie.batch(4, range(40, 50))
+    paused = [zombie.write(5, range(50, 55))]  # ... and the driver pauses before commit(5)
+    new = Writer(pg_url, keyed, sink, query_id="q", run="run-b")  # same checkpoint, restarted
+    new.batch(5, range(50, 60))  # Spark re-runs batch 5
+    in_flight = [new.write(6, range(60, 70))]
+    with pytest.raises(FencedError) as fenced:
+        zombie.commit(5, paused)  # the zombie wakes up
+    message = str(fenced.value)
+    assert "run-a" in message and "superseded by run run-b" in message
+    assert prepared_of(pg_url, sink) == [in_flight[0].gid]  # the new run's batch is intact
+    with pytest.raises(FencedError):  # nor can its tasks write or resolve anything
+        zombie.write(7, range(70, 75))
+    with pytest.raises(FencedError):
+        zombie.abort(6, [None])
+    new.commit(6, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(40, 70))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_superseded_run_never_becomes_the_newest_again(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    first = Writer(pg_url, keyed, sink, query_id="q", run="run-a")
+    first.batch(0, range(5))
+    Writer(pg_url, keyed, sink, query_id="q", run="run-b").batch(1, range(5, 10))
+    with pytest.raises(FencedError, match="superseded by run run-b"):
+        first.write(2, range(10, 15))
+    assert ids_of(pg_url, keyed) == list(range(10))
+
+
+def test_a_refused_queries_abort_leaves_the_first_querys_batch_alone(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Item 8: the second query's abort() rolled back the first query's in-flight batch."""
+    first = Writer(pg_url, keyed, sink, query_id="q1")
+    first.batch(0, range(5))
+    in_flight = [first.write(1, range(5, 10))]
+    second = Writer(pg_url, keyed, sink, query_id="q2")
+    with pytest.raises(SinkBindingError):
+        second.write(1, range(100, 105))
+    report = second.abort(1, [None])  # Spark aborts the refused query's batch
+    assert report.rolled_back == []
+    first.commit(1, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(10))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_an_abort_without_any_task_result_acts_on_nothing(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    first = Writer(pg_url, keyed, sink, query_id="q1")
+    in_flight = [first.write(0, range(5))]
+    report = Writer(pg_url, keyed, sink, query_id="q1").abort(0, [None], run=None)
+    assert report.rolled_back == []
+    first.commit(0, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(5))
+
+
+def test_a_retry_after_a_failure_past_prepare_makes_progress(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 10: the retry waited on its own earlier attempt's row locks until lockTimeout,
+    and the error blamed "another partition"."""
+    writer = Writer(pg_url, keyed, sink, query_id="q", extra={"lockTimeout": "2s"})
+    faults = tmp_path / "faults.json"
+    failure = {"point": "after_prepare", "batch": 3, "attempt": 0, "action": "raise"}
+    faults.write_text(json.dumps([failure]))
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    with pytest.raises(RuntimeError, match="injected fault"):  # attempt 0 prepared, then died
+        write_partition(writer.options, writer.target(), writer.task(3, 0, 0), rows(range(5)))
+    left = prepared_of(pg_url, sink)
+    assert len(left) == 1
+    retry = write_partition(writer.options, writer.target(), writer.task(3, 0, 1), rows(range(5)))
+    assert retry.gid == left[0] and retry.rows == 5  # the prepared attempt is adopted
+    writer.commit(3, [retry])
+    assert ids_of(pg_url, keyed) == list(range(5))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_speculative_pair_never_fails_the_decision(pg_url: str, keyed: str, sink: str) -> None:
+    """Both attempts reach PREPARE in either order; Spark commits either one's message."""
+    writer = Writer(pg_url, keyed, sink, query_id="q")
+    for chosen in (0, 1):
+        batch = 10 + chosen
+        ids = range(batch * 10, batch * 10 + 5)
+        original = write_partition(
+            writer.options, writer.target(), writer.task(batch, 0, 0), rows(ids)
+        )
+        copy = write_partition(writer.options, writer.target(), writer.task(batch, 0, 1), rows(ids))
+        assert original.gid == copy.gid  # the copy adopted the prepared original
+        writer.commit(batch, [(original, copy)[chosen]])
+    assert ids_of(pg_url, keyed) == [*range(100, 105), *range(110, 115)]
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_task_that_prepares_after_its_batch_was_aborted_rolls_itself_back(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Item 16: after query.stop() a late task stayed prepared (forever, for a retired
+    query): abort's sweep had run before its PREPARE."""
+    writer = Writer(pg_url, keyed, sink, query_id="q")
+    writer.batch(0, range(5))
+    writer.abort(1, [None])  # the query stops while a task of batch 1 still runs ...
+    with pytest.raises(TransientError, match="batch 1 was aborted"):
+        writer.write(1, range(5, 10))  # ... and reaches PREPARE afterwards
+    assert prepared_of(pg_url, sink) == []
+    assert ids_of(pg_url, keyed) == list(range(5))
+
+
+def test_a_lock_timeout_names_the_prepared_transaction_and_how_to_resolve_it(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Items 10 and 11: a sink whose checkpoint was deleted gets a new sink id; the old
+    sink's leftover holds the keys, and the new sink waited on it forever."""
+    old = Writer(pg_url, keyed, sink, query_id="q-old")
+    leftover: PartitionOutcome = old.write(0, range(5))  # the old query died before commit
+    fresh = new_sink()
+    try:
+        new = Writer(pg_url, keyed, fresh, query_id="q-new", extra={"lockTimeout": "1s"})
+        with pytest.raises(TransientError) as timed_out:
+            new.write(0, range(5))
+        message = str(timed_out.value)
+        assert f"prepared transaction {leftover.gid}" in message
+        assert f"sqlsink recover --sink-id {sink}" in message
+        assert "another partition" not in message
+        assert prepared_of(pg_url, fresh) == []
+    finally:
+        forget_sink(pg_url, fresh)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"ROLLBACK PREPARED '{leftover.gid}'")
