@@ -118,8 +118,19 @@ class Committer:
         when any task reported it)."""
         sink_id = self._sink()
         writer = Binding("load") if load else Binding.of(query_id) if query_id else None
+        # before waiting for the lock: a refused writer fences nobody, and a newer run
+        # supersedes an older one at once, so that a paused older holder of the lock is
+        # provably fenced and can be ended (locks.sink_lock)
+        if writer is not None:
+            check_binding(
+                sink_id,
+                self.backend.binding(sink_id),
+                self.backend.highest_decided(sink_id),
+                writer,
+            )
+        self.register(run_id, holds_lock=False)
         with self.backend.sink_lock(sink_id):
-            self.check_writer(writer, batch_id)  # a refused writer fences nobody
+            self.check_writer(writer, batch_id)
             self.register(run_id, holds_lock=True)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
                 (sink_id, batch_id)

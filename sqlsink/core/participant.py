@@ -81,13 +81,13 @@ class Participant:
         state = self._state()
         check_binding(task.sink_id, state.bound, state.highest, Binding.of(task.query_id))
         check_forward(task.sink_id, task.batch_id, state.highest)
-        if state.decided:
-            return Start(skip=True)
         # only a writer the sink accepts registers its run: a refused one fences nobody
         committer = Committer(
             self.backend, task.sink_id, timeouts=self.timeouts, run_timeout_s=self.run_timeout_s
         )
         committer.register(task.run_id, holds_lock=False)
+        if state.decided:
+            return Start(skip=True)
         scope = Scope.live(task.run_id, task.batch_id)
         gids = [g for g in map(Gid.parse, state.prepared) if g is not None]
         if any(not scope.in_flight(g) for g in gids):

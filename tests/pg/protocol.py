@@ -68,8 +68,14 @@ class Writer:
 
     @contextmanager
     def committer(self) -> Iterator[Committer]:
+        options = self.options
         with psycopg.connect(self.url, autocommit=True) as conn:
-            yield Committer(PostgresBackend(conn), self.sink)  # type: ignore[arg-type]
+            yield Committer(
+                PostgresBackend(conn, options.lock_timeout_s),  # type: ignore[arg-type]
+                self.sink,
+                timeouts=options.timeouts,
+                run_timeout_s=options.run_timeout_s,
+            )
 
     def commit(self, batch: int, outcomes: list[PartitionOutcome | None]) -> ResolutionReport:
         with self.committer() as committer:

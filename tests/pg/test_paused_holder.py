@@ -1,0 +1,110 @@
+"""A driver paused while it holds the sink lock (issue 12 items 5 and 9), paused for
+real with SIGSTOP: the next run is not stuck behind it, and nobody waits forever."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sqlsink.errors import TransientError
+from tests.pg.protocol import Writer, ids_of, prepared_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def paused_committer(
+    url: str, table: str, sink: str, run: str, faults: Path
+) -> subprocess.Popen[str]:
+    """A driver of ``run`` that commits batch 1 and sleeps inside the commit, holding the
+    sink lock (the fault point after the decision); the caller then SIGSTOPs it."""
+    script = textwrap.dedent(
+        f"""
+        from tests.pg.protocol import Writer
+        w = Writer({url!r}, {table!r}, {sink!r}, query_id="q", run={run!r})
+        outcome = w.write(1, range(10, 15))
+        print("prepared", flush=True)
+        w.commit(1, [outcome])
+        print("committed", flush=True)
+        """
+    )
+    env = {**os.environ, "SQLSINK_FAULTS_FILE": str(faults), "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "prepared"
+    return child
+
+
+def wait_until(what: str, check: object, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def lock_holder_pids(url: str) -> list[int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_a_paused_zombie_holding_the_sink_lock_is_ended_by_the_new_run(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "after_decision", "action": "sleep", "seconds": 8}]))
+    zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
+    try:
+        wait_until("the zombie to hold the sink lock", lambda: lock_holder_pids(pg_url))
+        os.kill(zombie.pid, signal.SIGSTOP)  # a GC pause, a VM stall
+        new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
+        started = time.monotonic()
+        new.batch(1, range(10, 15))  # Spark re-runs batch 1: decided by the zombie, skipped
+        new.batch(2, range(15, 20))
+        assert time.monotonic() - started < 15
+        assert lock_holder_pids(pg_url) == []  # the zombie's session was ended
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(90)
+    assert zombie.returncode != 0  # its connection is gone: it commits nothing more
+    assert ids_of(pg_url, keyed) == list(range(20))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_paused_live_holder_is_waited_for_boundedly_and_named(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Not provably a fenced run's session: nobody ends it; the waiter stops in time."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
+    with psycopg.connect(
+        pg_url, autocommit=True, application_name=f"sqlsink {sink} commit"
+    ) as held:
+        held.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"sqlsink:sink:{sink}",))
+        holder_pid = held.info.backend_pid
+        same = Writer(pg_url, keyed, sink, query_id="q", run="run-a", extra={"lockTimeout": "1s"})
+        outcome = same.write(1, range(10, 15))
+        started = time.monotonic()
+        with pytest.raises(TransientError) as waited:
+            same.commit(1, [outcome])
+        assert time.monotonic() - started < 5
+    message = str(waited.value)
+    assert f"session pid {holder_pid}" in message and f"sqlsink {sink} commit" in message
+    assert "pg_terminate_backend" in message and "lockTimeout" in message
+    same.commit(1, [outcome])  # the holder is gone: the batch goes on
+    assert ids_of(pg_url, keyed) == list(range(15))
+    assert prepared_of(pg_url, sink) == []
