@@ -201,7 +201,14 @@ class _SinkWriter:
         )
         log_findings(findings, key=sink_id)
 
-    def _abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+    def _abort(
+        self,
+        messages: list[WriterCommitMessage | None],
+        batch_id: int,
+        run_id: str | None = None,
+    ) -> None:
+        """``run_id``: when the writer knows it (a batch load); a stream's comes from the
+        tasks' messages, and with none of them the abort does nothing (it never guesses)."""
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
@@ -212,7 +219,7 @@ class _SinkWriter:
             )
             return
         with _CommitterSession(self.options, sink_id) as committer:
-            committer.abort_batch(batch_id, outcomes, run_id=None, load=self.is_load)
+            committer.abort_batch(batch_id, outcomes, run_id=run_id, load=self.is_load)
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
@@ -289,7 +296,7 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
                 commit_log.forget_one_off_load(conn, sink_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._abort(messages, 0)
+        self._abort(messages, 0, self.run_id)
 
 
 class _CommitterSession:
