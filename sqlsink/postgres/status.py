@@ -20,12 +20,13 @@ import psycopg
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.postgres import appnames
 from sqlsink.postgres.checks import Finding, check_server
-from sqlsink.postgres.commit_log import like_prefix
+from sqlsink.postgres.commit_log import like_prefix, visible_markers
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.locks import lock_ids, try_sink_lock, unlock_sink, wait_sink_lock
 from sqlsink.postgres.schema import installed_version, latest_version
 
-__all__ = ["try_sink_lock", "unlock_sink", "wait_sink_lock"]  # the CLI's, until it moves
+# the CLI calls these here until status.py is split (issue 17)
+__all__ = ["try_sink_lock", "unlock_sink", "visible_markers", "wait_sink_lock"]
 
 
 # -- the commit log -----------------------------------------------------------------------
@@ -154,15 +155,6 @@ def incomplete_decisions(conn: Connection, sink_id: str | None = None) -> list[D
         (sink_id, sink_id),
     ).fetchall()
     return [_decision(r) for r in rows]
-
-
-def visible_markers(conn: Connection, gids: Collection[str]) -> set[str]:
-    if not gids:
-        return set()
-    rows = conn.execute(
-        "SELECT gid FROM sqlsink.markers WHERE gid = ANY(%s)", (list(gids),)
-    ).fetchall()
-    return {str(r[0]) for r in rows}
 
 
 # -- prepared transactions ----------------------------------------------------------------
