@@ -22,7 +22,7 @@ from typing import Literal, TypedDict
 
 JSON_VERSION = 1
 
-CommandName = Literal["recover", "status", "check"]
+CommandName = Literal["recover", "status", "check", "forget"]
 NoticeLevel = Literal["info", "warning", "error"]
 
 
@@ -251,5 +251,14 @@ class CheckDocument(Envelope):
     findings: list[FindingJson]
 
 
+class ForgetDocument(Envelope):
+    sink_id: str
+    forgotten: bool  # the sink's log was removed (false: refused, or nothing to remove)
+    decisions: int  # decisions removed
+    first_batch: int | None
+    last_batch: int | None
+    message: str | None  # why it was refused
+
+
 # What ``--json`` prints: a command's document, or (error set) only the envelope.
-Document = RecoverDocument | StatusDocument | CheckDocument | Envelope
+Document = RecoverDocument | StatusDocument | CheckDocument | ForgetDocument | Envelope

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from sqlsink.cli import check, recover, status
+from sqlsink.cli import check, forget, recover, status
 from sqlsink.cli.connect import SCHEMA_FIX
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import (
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recover(sub)
     _add_status(sub)
     _add_check(sub)
+    _add_forget(sub)
     return parser
 
 
@@ -190,6 +191,16 @@ def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the query's trigger interval, to judge timeouts against",
     )
     p.set_defaults(handler=Command(check.start, check.run))
+
+
+def _add_forget(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "forget",
+        help="remove a retired sink's commit log (refused while anything of it is unfinished)",
+    )
+    _add_common(p)
+    p.add_argument("--sink-id", type=_sink_id, required=True, help="the sink to forget")
+    p.set_defaults(handler=Command(forget.start, forget.run))
 
 
 # -- entry point --------------------------------------------------------------------------

@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 import psycopg
 
+from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, TaskState
+from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -290,3 +293,65 @@ def forget_one_off_load(conn: Connection, sink_id: str) -> None:
     with conn.transaction():
         for table in ("markers", "decisions", "runs", "sinks"):
             conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))
+
+
+# -- forgetting a retired sink (invariant 8: no advice may erase an incomplete decision) ---
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    decisions: int
+    first_batch: int | None
+    last_batch: int | None
+
+
+def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
+    """Remove a finished sink's log, in one transaction; the caller holds the sink lock.
+
+    Refused (ConfigError, nothing removed) while the sink has prepared transactions
+    in this database, an incomplete decision, or a live run: those are exactly what
+    the log is there to finish."""
+    prefix = like_prefix(Gid.sink_prefix(sink_id))
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT ARRAY(SELECT gid FROM pg_prepared_xacts "
+            "             WHERE gid LIKE %(prefix)s AND database = current_database()), "
+            "       ARRAY(SELECT batch_id FROM sqlsink.decisions "
+            "             WHERE sink_id = %(sink)s AND completed_at IS NULL ORDER BY 1), "
+            "       ARRAY(SELECT run_id FROM sqlsink.runs WHERE sink_id = %(sink)s "
+            "             AND superseded_at IS NULL "
+            "             AND heartbeat_at > clock_timestamp() - live_for), "
+            "       (SELECT count(*) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
+            "       (SELECT min(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
+            "       (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s)",
+            {"prefix": prefix, "sink": sink_id},
+        ).fetchone()
+        assert row is not None
+        prepared = [g for g in row[0] if Gid.parse(str(g)) is not None]
+        incomplete, live = list(row[1]), list(row[2])
+        if prepared or incomplete or live:
+            raise ConfigError(_refusal(sink_id, prepared, incomplete, live), sink_id=sink_id)
+        conn.execute("SELECT set_config('sqlsink.forget', %s, true)", (sink_id,))
+        for table in ("markers", "decisions", "runs", "sinks"):
+            conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))
+        return Forgotten(int(row[3]), row[4], row[5])
+
+
+def _refusal(sink_id: str, prepared: list[str], incomplete: list[int], live: list[str]) -> str:
+    parts = []
+    if prepared:
+        parts.append(f"{len(prepared)} prepared transaction(s) ({', '.join(prepared[:3])})")
+    if incomplete:
+        parts.append(f"incomplete batch(es) {', '.join(map(str, incomplete[:10]))}")
+    if live:
+        parts.append(f"a live run ({', '.join(live)}) heard from within its runTimeout")
+    fix = (
+        "stop the query first, or wait for its runTimeout"
+        if live and not (prepared or incomplete)
+        else f"run sqlsink recover --sink-id {sink_id} first (and stop the query if it runs)"
+    )
+    return (
+        f"sink {sink_id} is not finished: it has {'; '.join(parts)}. Forgetting it now would "
+        f"lose what its log is there to complete. Nothing was removed. Fix: {fix}, then run "
+        "sqlsink forget again"
+    )

@@ -31,6 +31,7 @@ from sqlsink.cli.contract import (
     CheckDocument,
     Envelope,
     ErrorJson,
+    ForgetDocument,
     RecoverDocument,
     StatusDocument,
 )
@@ -47,6 +48,7 @@ DOCUMENTS: dict[str, type[Any]] = {
     "recover": RecoverDocument,
     "status": StatusDocument,
     "check": CheckDocument,
+    "forget": ForgetDocument,
 }
 # the TypedDicts each test meets with real objects (together: every one of the contract)
 RECOVER_TYPES = {
@@ -59,6 +61,7 @@ STATUS_TYPES = {
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
+FORGET_TYPES = {ForgetDocument}
 FAILURE_TYPES = {Envelope, ErrorJson, *DOCUMENTS.values()}
 
 
@@ -256,11 +259,19 @@ def test_check_documents_follow_the_contract(db: Db) -> None:
     assert shape.seen >= CHECK_TYPES
 
 
+def test_forget_documents_follow_the_contract(db: Db) -> None:
+    shape = Shape()  # refusals and removals: tests/pg/test_forget.py
+    nothing = sqlsink("forget", "--url", db.url, "--sink-id", "never-written", "--json")
+    assert nothing.code == 0 and shape.document(nothing, "forget")["forgotten"] is False
+    assert shape.seen >= FORGET_TYPES
+
+
 def test_failed_commands_still_follow_the_contract(db: Db) -> None:
     unreachable = psycopg.conninfo.make_conninfo(db.url, host="127.0.0.1", port=1)
     shape = Shape()
     for command in DOCUMENTS:
-        failed = sqlsink(command, "--url", unreachable, "--json")
+        needs = ["--sink-id", "x"] if command == "forget" else []
+        failed = sqlsink(command, "--url", unreachable, "--json", *needs)
         assert failed.code == 2
         doc = shape.document(failed, command)
         assert doc["error"]["message"].startswith("cannot connect")
@@ -278,7 +289,7 @@ def test_failed_commands_still_follow_the_contract(db: Db) -> None:
 
 def test_every_typed_dict_of_the_contract_is_met_by_a_test() -> None:
     typed_dicts = {v for v in vars(contract).values() if typing.is_typeddict(v)}
-    assert typed_dicts == RECOVER_TYPES | STATUS_TYPES | CHECK_TYPES | FAILURE_TYPES
+    assert typed_dicts == RECOVER_TYPES | STATUS_TYPES | CHECK_TYPES | FORGET_TYPES | FAILURE_TYPES
 
 
 def _error_doc() -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""``sqlsink forget``: remove a retired sink's commit log, so that its sink id can be
+used again. It refuses while anything of the sink is unfinished (prepared
+transactions, incomplete batches, a live run): that is what the log is there to
+complete. Exit 0: removed (or nothing to remove); 1: refused; 2: errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sqlsink.cli.connect import identify, open_connection, require_schema
+from sqlsink.cli.contract import Envelope, ForgetDocument
+from sqlsink.cli.output import EXIT_OK, EXIT_WARN, Output, header
+from sqlsink.errors import ConfigError
+from sqlsink.postgres import commit_log, locks
+
+LOCK_TIMEOUT_S = 10.0
+
+
+def start(args: argparse.Namespace, envelope: Envelope) -> ForgetDocument:
+    return {
+        **envelope,
+        "sink_id": args.sink_id,
+        "forgotten": False,
+        "decisions": 0,
+        "first_batch": None,
+        "last_batch": None,
+        "message": None,
+    }
+
+
+def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
+    with open_connection(args.url, "forget") as conn:
+        me = identify(conn, doc)
+        require_schema(conn, me)
+        try:
+            with locks.sink_lock(conn, args.sink_id, LOCK_TIMEOUT_S):
+                gone = commit_log.forget_sink(conn, args.sink_id)
+        except ConfigError as exc:
+            doc["message"] = exc.message
+        else:
+            doc["forgotten"] = gone.decisions > 0
+            doc["decisions"] = gone.decisions
+            doc["first_batch"] = gone.first_batch
+            doc["last_batch"] = gone.last_batch
+    code = EXIT_WARN if doc["message"] else EXIT_OK
+    if not out.json_mode:
+        header(out, "forget", me)
+        if doc["message"]:
+            out.line(f"refused: {doc['message']}")
+        elif doc["forgotten"]:
+            out.line(
+                f"forgot sink {args.sink_id}: {doc['decisions']} decided batch(es), "
+                f"{doc['first_batch']} to {doc['last_batch']}; the sink id can be used again"
+            )
+        else:
+            out.line(f"sink {args.sink_id} has no decided batches: nothing to forget")
+        out.line()
+        out.line(f"exit {code}: {'refused, see above' if code else 'done'}")
+    return code

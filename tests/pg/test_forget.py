@@ -1,0 +1,56 @@
+"""``sqlsink forget`` (issue 12 item 1): the one way to remove a sink's log, refused while
+anything of the sink is unfinished, so that following the sink's advice can never
+half-commit a batch."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from tests.pg.protocol import Writer, ids_of, prepared_of
+from tests.pg.test_cli import sqlsink
+
+
+def test_forget_refuses_an_unfinished_sink_then_frees_its_id(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    old = Writer(pg_url, keyed, sink, query_id="q-old", extra={"runTimeout": "1s"})
+    old.batch(0, range(5))
+    outcomes = [old.write(1, range(5, 10), 0), old.write(1, range(10, 15), 1)]
+    with old.committer() as committer:  # decided, one gid committed, the driver dies
+        committer.backend.insert_decision(
+            sink, 1, [o.gid for o in outcomes if o.gid], 10, "q-old", old.run
+        )
+        assert outcomes[0].gid is not None
+        committer.backend.commit_prepared(outcomes[0].gid)
+
+    refused = sqlsink("forget", "--url", pg_url, "--sink-id", sink)
+    assert refused.code == 1, refused.out + refused.err
+    assert "1 prepared transaction(s)" in refused.out and "incomplete batch(es) 1" in refused.out
+    assert f"sqlsink recover --sink-id {sink}" in refused.out
+    assert prepared_of(pg_url, sink) == [outcomes[1].gid]  # nothing was touched
+
+    time.sleep(1.2)  # the old run is no longer live (runTimeout 1s)
+    recovered = sqlsink("recover", "--url", pg_url, "--sink-id", sink)
+    assert recovered.code == 0, recovered.out + recovered.err
+    assert ids_of(pg_url, keyed) == list(range(15))  # the batch was finished, not lost
+
+    done = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
+    assert done.code == 0, done.out + done.err
+    assert (done.json["forgotten"], done.json["decisions"]) == (True, 2)
+    assert (done.json["first_batch"], done.json["last_batch"]) == (0, 1)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for table in ("sinks", "decisions", "runs", "markers"):
+            row = conn.execute(f"SELECT count(*) FROM sqlsink.{table} WHERE sink_id = %s", (sink,))
+            assert row.fetchone() == (0,), table
+
+    # the sink id is free: another writer may use it now
+    Writer(pg_url, keyed, sink, query_id="q-new").batch(0, range(100, 105))
+    assert ids_of(pg_url, keyed) == [*range(15), *range(100, 105)]
+
+
+def test_forget_refuses_a_live_run(pg_url: str, keyed: str, sink: str) -> None:
+    Writer(pg_url, keyed, sink, query_id="q").batch(0, range(5))  # runTimeout 5 min
+    refused = sqlsink("forget", "--url", pg_url, "--sink-id", sink)
+    assert refused.code == 1 and "a live run" in refused.out and "stop the query" in refused.out
