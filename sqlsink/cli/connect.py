@@ -6,6 +6,7 @@ import os
 
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import CliError
+from sqlsink.postgres import appnames
 from sqlsink.postgres import status as st
 from sqlsink.postgres.connection import Connection, connect
 
@@ -18,7 +19,7 @@ SCHEMA_FIX = (
 
 def open_connection(url: str, command: str) -> Connection:
     os.environ.setdefault("PGCONNECT_TIMEOUT", "10")
-    return connect(url, application_name=f"sqlsink {command} (cli)")
+    return connect(url, application_name=appnames.cli(command))
 
 
 def identify(conn: Connection, doc: Envelope) -> st.RoleInfo:

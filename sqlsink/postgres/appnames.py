@@ -31,10 +31,6 @@ def cli(command: str) -> str:
     return _cut(f"sqlsink {command} (cli)")
 
 
-def is_sqlsink(name: str) -> bool:
-    return name.startswith(PREFIX)
-
-
 def of_sink(name: str, sink_id: str) -> bool:
     """Whether a session of this name shows the sink live: one of its tasks or its committer.
 

@@ -133,15 +133,6 @@ def live_runs(conn: Connection, sink_id: str | None) -> dict[tuple[str, str], fl
     return {(str(s), str(r)): float(age) for s, r, age in rows}
 
 
-def fence_runs(conn: Connection, sink_id: str, run_ids: Collection[str]) -> None:
-    """An operator declares these runs dead: they can never commit or resolve again."""
-    conn.execute(
-        "UPDATE sqlsink.runs SET superseded_at = clock_timestamp(), superseded_by = 'operator' "
-        "WHERE sink_id = %s AND run_id = ANY(%s) AND superseded_at IS NULL",
-        (sink_id, list(run_ids)),
-    )
-
-
 def insert_marker(
     conn: Connection, gid: str, sink_id: str, batch_id: int, partition_id: int, rows: int
 ) -> None:
