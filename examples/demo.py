@@ -164,6 +164,12 @@ def report_state(url: str) -> None:
         f"  after the crash: {rows[0] if rows else 0} rows visible, "
         f"{prepared[0] if prepared else 0} prepared transaction(s) left for recovery"
     )
+    if prepared and prepared[0]:
+        say(
+            "  (a reader of the table sees the crashed batch part-committed until the "
+            "restart or sqlsink recover finishes it: its outcome is decided, its visibility "
+            "is not yet whole)"
+        )
 
 
 def verdict(url: str) -> int:

@@ -13,8 +13,14 @@ files beside them (``.<N>.crc``); only names that are a batch number count. Spar
 deletes old entries (``spark.sql.streaming.minBatchesToRetain``, default 100), so
 the checkpoint shows only its most recent batches.
 
+A local path or a ``file:`` URI is read directly; any other URI through
+``pyarrow.fs`` (``s3a://`` and ``s3n://`` as ``s3://``), where pyarrow supports the
+scheme and finds credentials in the environment; otherwise it cannot be read here.
+
 ``relate`` compares those logs with the sink's decisions, batch by batch, and says
-what Spark and the sink will do on restart (DESIGN.md section 3).
+what Spark and the sink will do on restart (DESIGN.md section 3); the sink itself
+compares ``commits/`` with its decisions at commit time (``checkpoint_policy``, and
+``sqlsink.core.checkpoint_check``).
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse, urlunparse
 
+from sqlsink.core.checkpoint_check import CheckpointMode, CheckpointPolicy, Unreadable
 from sqlsink.errors import ConfigError
 
 _BATCH_FILE = re.compile(r"0|[1-9][0-9]{0,18}")
+_ARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # Hadoop's names for what pyarrow calls s3
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class OffsetEntry:
 
 @dataclass
 class Checkpoint:
-    path: Path
+    path: str  # the directory, or the URI as shown (no secrets)
     query_id: str
     offsets: dict[int, OffsetEntry] = field(default_factory=dict)
     commits: set[int] = field(default_factory=set)
@@ -55,66 +64,231 @@ class Checkpoint:
         return max(self.commits) if self.commits else None
 
 
+def is_local(location: str) -> bool:
+    """A plain path (also ``C:\\...``) or a ``file:`` URI: read without pyarrow."""
+    scheme = urlparse(location).scheme
+    return scheme in ("", "file") or re.fullmatch(r"[A-Za-z]", scheme) is not None
+
+
 def local_path(location: str) -> Path:
     """The local directory of a checkpoint location (a path or a file: URI)."""
     parsed = urlparse(location)
-    if parsed.scheme in ("", "file") or re.fullmatch(r"[A-Za-z]", parsed.scheme):
-        return Path(unquote(parsed.path) if parsed.scheme == "file" else location)
-    raise ConfigError(
-        f"checkpoint {location!r}: only a local directory can be read here (scheme "
-        f"{parsed.scheme!r}); copy its metadata, offsets/ and commits/ to a local "
-        "directory (e.g. hdfs dfs -get, aws s3 cp --recursive) and pass that"
-    )
+    if not is_local(location):
+        raise ConfigError(
+            f"checkpoint {display_location(location)!r} is not a local directory (scheme "
+            f"{parsed.scheme!r})"
+        )
+    return Path(unquote(parsed.path) if parsed.scheme == "file" else location)
 
 
-def read_checkpoint(location: str) -> Checkpoint:
-    """Read ``metadata``, ``offsets/`` and ``commits/``; a ConfigError if it is not a checkpoint."""
-    path = local_path(location)
-    if not path.is_dir():
-        raise ConfigError(f"checkpoint {str(path)!r} is not a directory (or is not readable)")
-    metadata = path / "metadata"
+def display_location(location: str) -> str:
+    """The location for messages and the commit log: a password or a query string
+    (a signed URL's token) in a URI is replaced by ``***``."""
+    parsed = urlparse(location)
+    if is_local(location) or (parsed.password is None and not parsed.query):
+        return location
+    netloc = parsed.netloc
+    if parsed.password is not None:
+        netloc = f"{parsed.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    return urlunparse(parsed._replace(netloc=netloc, query="***" if parsed.query else ""))
+
+
+# -- file access: local, or through pyarrow.fs ---------------------------------------------
+
+
+class _Files(Protocol):
+    def is_dir(self, path: str) -> bool: ...
+
+    def is_file(self, path: str) -> bool: ...
+
+    def names(self, folder: str) -> list[str] | None:
+        """Names of the plain files in ``folder``; None when it does not exist."""
+        ...
+
+    def read_text(self, path: str) -> str: ...
+
+
+class _LocalFiles:
+    def is_dir(self, path: str) -> bool:
+        return Path(path).is_dir()
+
+    def is_file(self, path: str) -> bool:
+        return Path(path).is_file()
+
+    def names(self, folder: str) -> list[str] | None:
+        if not Path(folder).is_dir():
+            return None
+        return [f.name for f in Path(folder).iterdir() if f.is_file()]
+
+    def read_text(self, path: str) -> str:
+        return Path(path).read_text(encoding="utf-8")
+
+
+class _ArrowFiles:
+    """A ``pyarrow.fs.FileSystem`` seen as ``_Files``."""
+
+    def __init__(self, filesystem: Any) -> None:
+        self.fs = filesystem
+
+    def _type(self, path: str) -> Any:
+        return self.fs.get_file_info(path).type
+
+    def is_dir(self, path: str) -> bool:
+        from pyarrow.fs import FileType
+
+        return bool(self._type(path) == FileType.Directory)
+
+    def is_file(self, path: str) -> bool:
+        from pyarrow.fs import FileType
+
+        return bool(self._type(path) == FileType.File)
+
+    def names(self, folder: str) -> list[str] | None:
+        from pyarrow.fs import FileSelector, FileType
+
+        if not self.is_dir(folder):
+            return None
+        infos = self.fs.get_file_info(FileSelector(folder, allow_not_found=True))
+        return [str(i.base_name) for i in infos if i.type == FileType.File]
+
+    def read_text(self, path: str) -> str:
+        with self.fs.open_input_stream(path) as stream:
+            return bytes(stream.read()).decode("utf-8")
+
+
+def _open(location: str, filesystem: Any = None) -> tuple[_Files, str]:
+    """The files of a checkpoint and its root path among them. ``filesystem``: a
+    ``pyarrow.fs.FileSystem`` to read ``location`` (a path inside it) through."""
+    if filesystem is not None:
+        return _ArrowFiles(filesystem), location.rstrip("/") or "/"
+    if is_local(location):
+        return _LocalFiles(), str(local_path(location))
+    parsed = urlparse(location)
+    uri = location
+    if parsed.scheme.lower() in _ARROW_SCHEMES:
+        uri = urlunparse(parsed._replace(scheme=_ARROW_SCHEMES[parsed.scheme.lower()]))
+    shown = display_location(location)
     try:
-        first_line = metadata.read_text(encoding="utf-8").splitlines()[0]
-        query_id = json.loads(first_line)["id"]
-        if not isinstance(query_id, str) or not query_id:
-            raise TypeError(query_id)
-    except FileNotFoundError:
+        from pyarrow.fs import FileSystem
+
+        fs, root = FileSystem.from_uri(uri)
+    except (ImportError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
         raise ConfigError(
-            f"{str(path)!r} is not a Spark streaming checkpoint: it has no 'metadata' file "
-            "(pass the query's checkpointLocation, the directory holding metadata, offsets/ "
-            "and commits/)"
+            f"checkpoint {shown!r} cannot be read here: pyarrow.fs does not open it "
+            f"({type(exc).__name__}: {_first_line(exc, location)})"
         ) from None
-    except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"cannot read the query id from {str(metadata)!r} (expected a first line like "
-            f'{{"id":"<uuid>"}}): {type(exc).__name__}: {exc}'
-        ) from None
-    checkpoint = Checkpoint(path, query_id)
-    for batch_id, file in _entries(path / "offsets", checkpoint):
-        entry = _read_offsets(batch_id, file, checkpoint)
+    return _ArrowFiles(fs), str(root).rstrip("/") or "/"
+
+
+def _first_line(exc: BaseException, location: str) -> str:
+    """The error's first line, without the URI's password or query (pyarrow echoes it)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0][:300] if text else "no detail"
+    parsed = urlparse(location)
+    for secret in (parsed.password, parsed.query):
+        if secret:
+            line = line.replace(secret, "***")
+    return line
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts]) if root != "/" else "/" + "/".join(parts)
+
+
+def read_checkpoint(location: str, *, filesystem: Any = None) -> Checkpoint:
+    """Read ``metadata``, ``offsets/`` and ``commits/``; a ConfigError if it is not a checkpoint."""
+    files, root = _open(location, filesystem)
+    shown = root if isinstance(files, _LocalFiles) else display_location(location)
+    try:
+        query_id = _query_id(files, root, shown)
+    except OSError as exc:
+        detail = _first_line(exc, location)
+        raise ConfigError(f"checkpoint {shown!r} cannot be read: {detail}") from None
+    checkpoint = Checkpoint(shown, query_id)
+    for batch_id, file in _entries(files, _join(root, "offsets"), checkpoint):
+        entry = _read_offsets(batch_id, files, file, checkpoint)
         if entry is not None:
             checkpoint.offsets[batch_id] = entry
-    for batch_id, file in _entries(path / "commits", checkpoint):
-        if _read_lines(file, checkpoint) is not None:
+    for batch_id, file in _entries(files, _join(root, "commits"), checkpoint):
+        if _read_lines(files, file, checkpoint) is not None:
             checkpoint.commits.add(batch_id)
     return checkpoint
 
 
-def _entries(folder: Path, checkpoint: Checkpoint) -> list[tuple[int, Path]]:
-    if not folder.is_dir():
-        return []
+def read_commits(location: str, *, filesystem: Any = None) -> frozenset[int]:
+    """The batch ids in ``commits/`` (by name: Spark renames a complete file into place).
+
+    A ConfigError when the location is not readable as a checkpoint (no directory, no
+    ``metadata``): an empty answer must mean "nothing committed", never "not found"."""
+    files, root = _open(location, filesystem)
+    shown = root if isinstance(files, _LocalFiles) else display_location(location)
     try:
-        files = list(folder.iterdir())
+        if not files.is_dir(root):
+            raise ConfigError(f"checkpoint {shown!r} is not a directory (or is not readable)")
+        if not files.is_file(_join(root, "metadata")):
+            raise ConfigError(
+                f"{shown!r} is not a Spark streaming checkpoint here: it has no 'metadata' file"
+            )
+        names = files.names(_join(root, "commits")) or []
+    except OSError as exc:
+        detail = _first_line(exc, location)
+        raise ConfigError(f"checkpoint {shown!r} cannot be read: {detail}") from None
+    return frozenset(int(n) for n in names if _BATCH_FILE.fullmatch(n))
+
+
+def checkpoint_policy(
+    location: str | None, mode: CheckpointMode, *, filesystem: Any = None
+) -> CheckpointPolicy:
+    """How the sink relates this checkpoint to its log at commit time."""
+
+    def read() -> frozenset[int] | Unreadable:
+        assert location is not None
+        try:
+            return read_commits(location, filesystem=filesystem)
+        except ConfigError as exc:
+            return Unreadable(str(exc))
+
+    shown = None if location is None else display_location(location)
+    return CheckpointPolicy(shown, read, mode)
+
+
+def _query_id(files: _Files, root: str, shown: str) -> str:
+    if not files.is_dir(root):
+        raise ConfigError(f"checkpoint {shown!r} is not a directory (or is not readable)")
+    metadata = _join(root, "metadata")
+    if not files.is_file(metadata):
+        raise ConfigError(
+            f"{shown!r} is not a Spark streaming checkpoint: it has no 'metadata' file "
+            "(pass the query's checkpointLocation, the directory holding metadata, offsets/ "
+            "and commits/)"
+        )
+    try:
+        first_line = files.read_text(metadata).splitlines()[0]
+        query_id = json.loads(first_line)["id"]
+        if not isinstance(query_id, str) or not query_id:
+            raise TypeError(query_id)
+    except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"cannot read the query id from {shown}/metadata (expected a first line like "
+            f'{{"id":"<uuid>"}}): {type(exc).__name__}: {exc}'
+        ) from None
+    return str(query_id)
+
+
+def _entries(files: _Files, folder: str, checkpoint: Checkpoint) -> list[tuple[int, str]]:
+    try:
+        names = files.names(folder)
     except OSError as exc:
         checkpoint.problems.append(f"{folder}: {exc.strerror or exc}")
         return []
     # .crc files, hidden temporary files (.N.<uuid>.tmp) and anything else are ignored
-    return sorted((int(f.name), f) for f in files if _BATCH_FILE.fullmatch(f.name) and f.is_file())
+    found = [(int(n), _join(folder, n)) for n in names or () if _BATCH_FILE.fullmatch(n)]
+    return sorted(found)
 
 
-def _read_lines(file: Path, checkpoint: Checkpoint) -> list[str] | None:
+def _read_lines(files: _Files, file: str, checkpoint: Checkpoint) -> list[str] | None:
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        lines = files.read_text(file).splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         checkpoint.problems.append(f"{file}: unreadable ({type(exc).__name__}: {exc})")
         return None
@@ -124,8 +298,10 @@ def _read_lines(file: Path, checkpoint: Checkpoint) -> list[str] | None:
     return lines
 
 
-def _read_offsets(batch_id: int, file: Path, checkpoint: Checkpoint) -> OffsetEntry | None:
-    lines = _read_lines(file, checkpoint)
+def _read_offsets(
+    batch_id: int, files: _Files, file: str, checkpoint: Checkpoint
+) -> OffsetEntry | None:
+    lines = _read_lines(files, file, checkpoint)
     if lines is None:
         return None
     timestamp: int | None = None

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
-from sqlsink.core.committer import DEFAULT_RUN_TIMEOUT_S, TimeoutPolicy
+from sqlsink.core.checkpoint_check import CheckpointMode
+from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S, TimeoutPolicy
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
@@ -41,6 +42,8 @@ KNOWN = {
     "mode": "mode",
     "locktimeout": "lockTimeout",
     "runtimeout": "runTimeout",
+    "checkpointcheck": "checkpointCheck",
+    "keepbatches": "keepBatches",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
     "transactiontimeout": "transactionTimeout",
@@ -74,6 +77,13 @@ def _choice(name: str, text: str, kind: type[_E]) -> _E:
     raise ConfigError(f"option {name}: unknown value {value!r} (choose one of {choices})")
 
 
+def _parse_count(name: str, text: str) -> int:
+    """A whole number of at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"option {name}: {text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def _parse_bool(name: str, text: str) -> bool:
     if text.strip().lower() in ("true", "1", "yes"):
         return True
@@ -92,7 +102,10 @@ class SinkOptions:
     create_table: bool = False
     lock_timeout_s: float = 60.0
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S  # a run is live while heard from this recently
+    keep_batches: int = DEFAULT_KEEP_BATCHES  # retention of the commit log's decisions
     checkpoint: str | None = None
+    # relate the checkpoint's commits/ to the log at commit time (docs/DESIGN.md invariant 9)
+    checkpoint_check: CheckpointMode = CheckpointMode.WARN
     mode: Mode = Mode.APPEND
     key_columns: tuple[str, ...] = ()  # upsert: () means the table's primary key
     delete_column: str | None = None
@@ -150,7 +163,11 @@ class SinkOptions:
             create_table=_parse_bool("createTable", opts.get("createtable", "false")),
             lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
             run_timeout_s=parse_duration("runTimeout", opts.get("runtimeout", "5min")),
+            keep_batches=_parse_count("keepBatches", opts.get("keepbatches", "1000")),
             checkpoint=opts.get("checkpointlocation"),
+            checkpoint_check=_choice(
+                "checkpointCheck", opts.get("checkpointcheck", "warn"), CheckpointMode
+            ),
             mode=mode,
             key_columns=keys,
             delete_column=delete_column,

@@ -1,8 +1,10 @@
 """``sqlsink``: the on-call tool of the sink: recover, status, check.
 
-    sqlsink recover --url URL [--sink-id ID] [--checkpoint DIR] [--dry-run] [--force] [--json]
+    sqlsink recover --url URL [--sink-id ID] [--checkpoint DIR] [--dry-run]
+                    [--force --run-id RUN ...] [--lock-timeout 30s] [--json]
     sqlsink status  --url URL [--sink-id ID] [--max-age 5min] [--batches 5] [--json]
     sqlsink check   --url URL [--trigger-interval DURATION] [--json]
+    sqlsink forget  --url URL --sink-id ID [--json]
 
 ``--url`` defaults to the environment variable ``SQLSINK_URL``. Prefer a password in
 ``PGPASSWORD`` or ``~/.pgpass`` to one in the URL (the command line is visible to
@@ -10,12 +12,15 @@ other users); either way no password ever appears in the output.
 
 ``recover`` resolves prepared transactions with the sink's own committer
 (``sqlsink.core.committer.Committer`` on ``PostgresBackend``): the same rule, under
-the same lock. It refuses to act on a sink that is live (see ``--help``).
+the same lock. It leaves the transactions of live runs (the runs registry: heard from
+within their timeout, not fenced; connected sessions are evidence only) and resolves
+the rest; ``--force --run-id RUN`` first declares a run dead (see ``--help``).
 
 Exit codes (every command)
 --------------------------
 0  nothing wrong; everything resolved
-1  warnings, or something left to do (a dry run with actions, a sink refused as live)
+1  warnings, or something left to do (a dry run with actions, a live run's transactions
+   left, a sink whose lock stayed held)
 2  usage, connection, permission or configuration error (nothing, or not all, was done)
 3  data loss: a decided transaction is neither prepared nor committed
 
@@ -29,7 +34,7 @@ The modules: ``parser`` (arguments, ``main``, failures), ``output`` (printing, s
 scrubbing, exit codes), ``contract`` (the JSON), ``connect``, ``loss`` (data loss, as
 both recover and status report it), and one module per command: ``recover`` (with
 ``recover_report`` and ``recover_checkpoint``), ``status`` (with ``status_report``),
-``check``.
+``check``, ``forget``; ``runs`` shows a sink's runs for both recover and status.
 """
 
 from __future__ import annotations

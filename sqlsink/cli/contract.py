@@ -70,6 +70,28 @@ class SessionJson(TypedDict):
     backend_start: datetime | None
 
 
+RunState = Literal["live", "dead", "fenced"]
+
+
+class RunJson(TypedDict):
+    """A run of a sink (one start of its streaming query, or one batch load), as the commit
+    log's runs registry knows it. Live: not fenced, no batch aborted, and heard from (a
+    task or a commit) within ``timeout_seconds``."""
+
+    run_id: str
+    state: RunState  # dead: heard from too long ago, or Spark aborted one of its batches
+    first_seen: datetime
+    heartbeat_at: datetime  # when a task or commit of the run was last heard from
+    heartbeat_age_seconds: float
+    timeout_seconds: float  # max(run_timeout_seconds, 3 x batch_interval_seconds)
+    run_timeout_seconds: float  # the runTimeout option it runs with
+    batch_interval_seconds: float | None  # longest of its last 3 gaps between decisions
+    superseded_at: datetime | None  # fenced since
+    superseded_by: str | None  # the newer run that fenced it, or "operator" (recover --force)
+    aborted_batch: int | None  # Spark aborted its batches up to this one
+    prepared: int  # its prepared transactions of the sink in this database
+
+
 class DataLossJson(TypedDict):
     """A decided transaction that is neither prepared nor committed: its rows are lost."""
 
@@ -93,16 +115,20 @@ class RecoverSinkJson(TypedDict):
 
     sink_id: str
     bound_query_id: str | None  # the streaming query the sink is bound to
-    live: bool  # connected tasks or committer, or its lock held by another session
+    live: bool  # a run of the sink is live (runs registry; see RunJson)
     lock: Literal["free", "held"]  # the sink's lock when recover tried to take it
     lock_holders: list[SessionJson]
-    sessions: list[SessionJson]
+    sessions: list[SessionJson]  # its connected tasks and committer: evidence only
     status: RecoverStatus
     message: str | None  # why refused, failed or data loss
     committed: int  # gids committed by this run
     rolled_back: int
     already_committed: int  # decided gids found already committed
     completed_batches: list[int]  # batches this run marked complete
+    runs: list[RunJson]  # its live runs, runs with prepared transactions, runs fenced now
+    live_runs: list[str]  # the runs treated as live: their undecided gids were left
+    fenced_runs: list[str]  # the runs this command declared dead (--force --run-id)
+    ended_sessions: list[int]  # pids of the fenced runs' sessions this command ended
 
 
 class ActionJson(TypedDict):
@@ -155,6 +181,7 @@ class CheckpointJson(TypedDict):
 class RecoverDocument(Envelope):
     dry_run: bool
     forced: bool
+    run_ids: list[str]  # --run-id: the runs --force declares dead
     sinks: list[RecoverSinkJson]
     actions: list[ActionJson]
     data_loss: list[DataLossJson]
@@ -192,6 +219,7 @@ class PreparedJson(TypedDict):
     prepared_at: datetime
     age_seconds: float
     decided: bool  # its batch's decision names it: recover commits it
+    stranded: bool  # its run is not live (or its batch was aborted): nobody else finishes it
 
 
 class StatusSinkJson(TypedDict):
@@ -204,9 +232,10 @@ class StatusSinkJson(TypedDict):
     incomplete_batches: list[int]
     recent_batches: list[RecentBatchJson]
     prepared: list[PreparedJson]
-    live: bool
-    sessions: list[SessionJson]
+    live: bool  # a run of the sink is live (runs registry; see RunJson)
+    sessions: list[SessionJson]  # its connected tasks and committer: evidence only
     lock_holders: list[SessionJson]
+    runs: list[RunJson]  # live runs, runs with prepared transactions, the newest 3
 
 
 class OtherPreparedJson(TypedDict):

@@ -34,15 +34,23 @@ from sqlsink.errors import ConfigError, DataLossError, SqlsinkError, TransientEr
 from sqlsink.options import parse_duration
 
 FORCE_HELP = """\
-recover even though the sink looks live (its partition tasks or its committer
-are connected, or another session holds the sink's lock). The tool still takes
-the sink's lock, waiting up to --lock-timeout, so it never acts in the middle
-of a commit. What it risks: the gids of a batch that the live driver is about
-to decide are rolled back; that batch then fails its commit ("no longer
-prepared") and Spark retries it. Never data loss: before writing a decision the
-committer re-checks, under the same lock, that every gid is still prepared.
-A running query resolves its own leftovers at its next batch: you rarely need
-this. Use it when the "live" session is a stuck or dead process."""
+declare the run(s) named by --run-id dead, then recover. Needs
+--sink-id (or --checkpoint) and at least one --run-id: nothing is
+fenced that you did not name. Each named run is fenced in the commit
+log (sqlsink.runs: superseded_by 'operator'): from then on its tasks,
+commits and aborts are refused (FencedError), and a task of it that
+prepares later rolls itself back; a session provably the run's (one
+that holds the sink's lock, as the run recorded its pid and start)
+is ended. Then the sink is recovered with those runs as dead: their
+decided transactions are committed, the others rolled back. A fenced
+run never commits again: if its query in fact still runs, it fails
+at its next batch and must be restarted from its checkpoint (a new
+run; nothing decided is lost). Without --force, recover already
+resolves everything but the transactions of live runs (heard from
+within their timeout, see sqlsink status); use --force for a run you
+know is dead or stuck and do not want to wait for. A transaction the
+fenced run prepared while recover ran is listed as left: run recover
+again."""
 
 CONNECT_FIX = (
     "check that the server is up, and the host, port, "
@@ -129,8 +137,10 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Resolve the prepared transactions of a sink (or of every sink in the "
         "database) with the sink's own rule: a gid its batch's decision names is committed, "
         "any other gid of the sink is rolled back; transactions not provably the sink's "
-        "(other applications, other sinks, other databases) are never touched. Refuses "
-        "while the sink is live unless --force.",
+        "(other applications, other sinks, other databases) are never touched, nor those "
+        "of a live run (heard from within its timeout: the runs registry, not connected "
+        "sessions), which its own commit finishes; --force --run-id RUN declares a run "
+        "dead first.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     _add_common(p)
@@ -150,13 +160,37 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument(
+        "--run-id",
+        action="append",
+        metavar="RUN",
+        help="with --force: a run of the sink to declare dead (repeat\nfor several); "
+        "sqlsink status --sink-id ID lists the runs",
+    )
+    p.add_argument(
         "--lock-timeout",
         type=_duration,
         default=30.0,
         metavar="DURATION",
-        help="with --force: how long to wait for the sink's lock (default 30s)",
+        help="how long to wait for the sink's lock, which a committer\nholds while it "
+        "commits (default 30s)",
     )
-    p.set_defaults(handler=Command(recover.start, recover.run))
+    p.set_defaults(handler=Command(recover.start, recover.run), validate=_check_force(p))
+
+
+def _check_force(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], None]:
+    """--force and --run-id go together: --force fences exactly the runs named."""
+
+    def check(args: argparse.Namespace) -> None:
+        if args.force and not args.run_id:
+            p.error(
+                "--force needs --run-id RUN: the run(s) to declare dead (sqlsink status "
+                "--sink-id ID lists the sink's runs); without --force, recover already "
+                "resolves everything but the live runs' transactions"
+            )
+        if args.run_id and not args.force:
+            p.error("--run-id names runs for --force to declare dead: add --force")
+
+    return check
 
 
 def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -208,6 +242,8 @@ def _add_forget(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if (validate := getattr(args, "validate", None)) is not None:
+        validate(args)
     out = Output(args.json, args.url, sys.stdout, sys.stderr)
     command: Command[Any] = args.handler
     doc: Envelope = new_envelope(args.command, out.shown_url if args.url else None)

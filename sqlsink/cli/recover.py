@@ -1,22 +1,26 @@
 """``sqlsink recover``: commit or roll back the prepared transactions a sink left behind.
 
 It resolves them with the sink's own committer (``sqlsink.core.committer.Committer``
-on ``PostgresBackend``): the same rule, under the same lock. For each sink it looks at
-liveness and takes the sink's lock, plans, and acts; it refuses to act on a sink that
-is live unless ``--force``. ``recover_report`` turns the result into the report.
+on ``PostgresBackend``): the same rule, under the same lock. For each sink it takes the
+sink's lock (waiting for a committer to finish), plans and acts; the transactions of
+live runs (the runs registry: heard from within their timeout, not fenced) are left
+for their own commit, everything else of the sink is resolved. ``--force --run-id``
+first declares named runs dead (fences them), so that their transactions are resolved
+too and they can never commit again. ``recover_report`` turns the result into the
+report.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from sqlsink.checkpoint import Checkpoint, read_checkpoint
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import ActionResult, Envelope, RecoverDocument
 from sqlsink.cli.loss import confirmed_losses, loss_json
-from sqlsink.cli.output import Notice, Output, header, print_warnings
+from sqlsink.cli.output import CliError, Notice, Output, header, print_warnings
 from sqlsink.cli.recover_checkpoint import (
     check_checkpoint_binding,
     relate_checkpoint,
@@ -35,8 +39,9 @@ from sqlsink.cli.recover_report import (
 )
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
-from sqlsink.core.resolution import Action
+from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, DataLossError
+from sqlsink.postgres import commit_log, locks
 from sqlsink.postgres import status as st
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
@@ -74,6 +79,7 @@ class Recovery:
     sink_id: str | None  # --sink-id, or the checkpoint's query id; None: every sink
     dry_run: bool
     force: bool
+    run_ids: list[str]  # --run-id: the runs --force declares dead (of sink_id)
     lock_timeout: float
     bound: dict[str, st.SinkRow]  # every sink of the database, with its query
     sinks: list[SinkRecovery] = field(default_factory=list)
@@ -109,59 +115,75 @@ class Recovery:
                 found.add(gid.sink_id)
         return sorted(found)
 
-    # -- before acting: liveness, the lock, the plan ----------------------------------------
+    # -- before acting: fencing, the lock, the runs, the plan --------------------------------
 
     def _prepare(self, sink: SinkRecovery) -> None:
-        """Liveness, the sink lock and the plan of one sink; a refusal when it is live."""
-        sink.locked = st.try_sink_lock(self.conn, sink.sink_id)
-        sink.lock_busy = not sink.locked
-        sink.holders = [] if sink.locked else st.lock_holders(self.conn, sink.sink_id)
+        """Fence the named runs (--force), take the sink's lock, read its runs, plan."""
         sink.sessions = st.sink_sessions(st.sqlsink_sessions(self.conn), sink.sink_id)
+        sink.named = list(self.run_ids) if sink.sink_id == self.sink_id else []
         committer = Committer(self.backend, sink.sink_id)
         if self.dry_run:
             self._plan_only(sink, committer)
-        elif sink.live and not self.force:
-            sink.plan = committer.plan(committer.recovery_scope())
-            self._refuse(
-                sink,
-                f"the sink is live: {sink.evidence()}. Nothing was done for it: a "
-                "running query resolves its own leftovers at its next batch",
-            )
-        elif sink.locked or self._wait_for_lock(sink, committer):
+            return
+        if sink.named:
+            self._fence(sink)
+        if self._take_lock(sink, committer):
+            self._survey_runs(sink)
             sink.plan = committer.plan(committer.recovery_scope())
             self._warn_foreign_owners(sink)
 
+    def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
+        """The sink's runs; those live (and not named dead) keep their gids."""
+        sink.runs = commit_log.runs(self.conn, sink.sink_id)
+        sink.treated_live = [r for r in sink.runs if r.live and r.run_id not in treat_as_dead]
+
+    def _fence(self, sink: SinkRecovery) -> None:
+        """--force: declare the named runs dead in the commit log, then end the sessions
+        provably theirs (those that hold the sink's lock, as the run recorded them)."""
+        sink.fenced = commit_log.fence_runs(self.conn, sink.sink_id, sink.named)
+        sink.ended = locks.end_fenced_holders(self.conn, sink.sink_id)
+        if sink.fenced:
+            self.out.note(
+                f"sqlsink recover: sink {sink.sink_id}: declared run(s) "
+                f"{', '.join(sink.fenced)} dead (fenced)"
+            )
+
     def _plan_only(self, sink: SinkRecovery, committer: Committer) -> None:
-        """A dry run: the plan and the losses, without the lock; a live sink is said."""
-        sink.plan = committer.plan(committer.recovery_scope())
-        sink.lost = confirmed_losses(self.conn, sink.plan)
-        if sink.locked:
+        """A dry run: the plan and the losses, without acting (the named runs as dead)."""
+        sink.lock_busy = not st.try_sink_lock(self.conn, sink.sink_id)
+        if sink.lock_busy:
+            sink.holders = st.lock_holders(self.conn, sink.sink_id)
+        else:
             st.unlock_sink(self.conn, sink.sink_id)
-            sink.locked = False
+        self._survey_runs(sink, treat_as_dead=sink.named)
+        sink.plan = committer.plan(Scope.everything(frozenset(r.run_id for r in sink.treated_live)))
+        sink.lost = confirmed_losses(self.conn, sink.plan)
         sink.status = "planned" if sink.to_do() else "nothing to do"
         if sink.lost:
             sink.status = "data loss"
-        if sink.live:
-            self.warnings.append(
-                Notice(
-                    "warning",
-                    f"the sink looks live ({sink.evidence()}); a real run would refuse without "
-                    "--force",
-                    None,
-                    sink.sink_id,
-                )
-            )
 
-    def _wait_for_lock(self, sink: SinkRecovery, committer: Committer) -> bool:
-        """--force on a live sink: wait for its lock; refuse when it stays held."""
+    def _take_lock(self, sink: SinkRecovery, committer: Committer) -> bool:
+        """The sink's lock: free at once, or within --lock-timeout (a committer holds it
+        while it commits); a holder provably of a fenced run is ended. Else a refusal."""
+        sink.locked = st.try_sink_lock(self.conn, sink.sink_id)
+        if sink.locked:
+            return True
+        sink.lock_busy = True
+        sink.holders = st.lock_holders(self.conn, sink.sink_id)
         self.out.note(
-            f"sqlsink recover: sink {sink.sink_id}: --force: waiting up to "
-            f"{self.lock_timeout:g}s for the sink's lock ({sink.evidence()})"
+            f"sqlsink recover: sink {sink.sink_id}: waiting up to {self.lock_timeout:g}s for "
+            f"the sink's lock ({sink.evidence()})"
         )
         sink.locked = st.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
+        if not sink.locked:
+            ended = locks.end_fenced_holders(self.conn, sink.sink_id)
+            sink.ended += [pid for pid in ended if pid not in sink.ended]
+            if ended:
+                sink.locked = st.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
         if sink.locked:
             return True
         sink.holders = st.lock_holders(self.conn, sink.sink_id) or sink.holders
+        self._survey_runs(sink)
         sink.plan = committer.plan(committer.recovery_scope())
         self._refuse(
             sink,
@@ -250,6 +272,7 @@ def start(args: argparse.Namespace, envelope: Envelope) -> RecoverDocument:
         **envelope,
         "dry_run": args.dry_run,
         "forced": args.force,
+        "run_ids": list(args.run_id or []),
         "sinks": [],
         "actions": [],
         "data_loss": [],
@@ -262,11 +285,27 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
     sink_id: str | None = args.sink_id
     if sink_id is None and checkpoint is not None:
         sink_id = sink_id_of_checkpoint(checkpoint)
+    run_ids: list[str] = list(dict.fromkeys(args.run_id or []))
+    if args.force and sink_id is None:
+        raise CliError(
+            "--force declares runs of one sink dead: name the sink",
+            "add --sink-id ID (or --checkpoint DIR of its query)",
+        )
     with open_connection(args.url, "recover") as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
+        if sink_id is not None and run_ids:
+            _check_named_runs(conn, sink_id, run_ids)
         recovery = Recovery(
-            conn, out, me, sink_id, args.dry_run, args.force, args.lock_timeout, st.sinks(conn)
+            conn,
+            out,
+            me,
+            sink_id,
+            args.dry_run,
+            args.force,
+            run_ids,
+            args.lock_timeout,
+            st.sinks(conn),
         )
         if checkpoint is not None and sink_id is not None:
             check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
@@ -274,6 +313,19 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
         header(out, "recover", me, mode)
         recovery.resolve()
         return _report(recovery, checkpoint, doc)
+
+
+def _check_named_runs(conn: Connection, sink_id: str, run_ids: list[str]) -> None:
+    """Every --run-id must be a run of the sink: a typo fences nothing, and says so."""
+    known = commit_log.runs(conn, sink_id)
+    unknown = [r for r in run_ids if r not in {k.run_id for k in known}]
+    if unknown:
+        listed = ", ".join(f"{k.run_id} ({k.state})" for k in known[:10]) or "none"
+        raise CliError(
+            f"sink {sink_id} has no run {', '.join(unknown)} in its commit log (its runs, "
+            f"newest first: {listed}); nothing was done",
+            f"name a run that sqlsink status --sink-id {sink_id} lists",
+        )
 
 
 def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocument) -> int:

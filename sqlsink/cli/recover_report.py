@@ -6,6 +6,7 @@ the JSON document (``sqlsink.cli.contract``), the warnings and the human report.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,22 +31,29 @@ from sqlsink.cli.output import (
     table,
 )
 from sqlsink.cli.recover_checkpoint import print_checkpoint
+from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
 from sqlsink.postgres import status as st
+from sqlsink.postgres.commit_log import RunInfo
 from sqlsink.postgres.connection import Connection
 
 
 @dataclass
 class SinkRecovery:
-    """One sink of a ``recover`` run: its liveness, its lock, its plan and what was done."""
+    """One sink of a ``recover`` run: its runs, its lock, its plan and what was done."""
 
     sink_id: str
     bound_query: str | None
     locked: bool = False  # this session holds the sink's lock now
     lock_busy: bool = False  # another session held it when we tried
     holders: list[st.Session] = field(default_factory=list)
-    sessions: list[st.Session] = field(default_factory=list)
+    sessions: list[st.Session] = field(default_factory=list)  # evidence only
+    runs: list[RunInfo] = field(default_factory=list)  # the registry, newest first
+    treated_live: list[RunInfo] = field(default_factory=list)  # their gids are left
+    fenced: list[str] = field(default_factory=list)  # declared dead by this command
+    named: list[str] = field(default_factory=list)  # --run-id, for this sink
+    ended: list[int] = field(default_factory=list)  # sessions of fenced runs ended
     status: RecoverStatus = "planned"
     message: str | None = None
     plan: Plan | None = None
@@ -54,7 +62,8 @@ class SinkRecovery:
 
     @property
     def live(self) -> bool:
-        return self.lock_busy or bool(self.holders or self.sessions)
+        """A run of the sink is live (the runs registry; sessions are evidence only)."""
+        return bool(self.treated_live)
 
     def evidence(self) -> str:
         parts = []
@@ -70,6 +79,37 @@ class SinkRecovery:
 
     def to_do(self) -> list[PlannedAction]:
         return [a for a in (self.plan.actions if self.plan else []) if a.action is not Action.LEAVE]
+
+    def prepared(self) -> Counter[str]:
+        """Prepared transactions of the sink in this database when recover looked, by run."""
+        return prepared_by_run(
+            a.gid
+            for a in (self.plan.actions if self.plan else [])
+            if a.gid is not None and a.gid.sink_id == self.sink_id and not _elsewhere(a)
+        )
+
+    def left_for(self, run: RunInfo) -> int:
+        """How many of the run's undecided transactions were left because it is live."""
+        return sum(
+            1
+            for a in (self.plan.actions if self.plan else [])
+            if a.action is Action.LEAVE and a.gid is not None and a.gid.run_id == run.run_id
+            and a.gid.sink_id == self.sink_id and not _elsewhere(a)
+        )  # fmt: skip
+
+    def shown_runs(self) -> list[RunInfo]:
+        """Live runs, runs with prepared transactions, runs fenced now or named."""
+        prepared = self.prepared()
+        return [
+            r
+            for r in self.runs
+            if r.live or prepared.get(r.run_id) or r.run_id in self.fenced or r.run_id in self.named
+            or r in self.treated_live
+        ]  # fmt: skip
+
+
+def _elsewhere(action: PlannedAction) -> bool:
+    return action.reason.startswith("in database ")
 
 
 # -- the actions --------------------------------------------------------------------------
@@ -131,13 +171,17 @@ def action_json(action: PlannedAction, result: ActionResult | None, now: datetim
 
 
 def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice]:
-    """A refusal, a failure, what a dry run leaves to do, a data loss."""
+    """A refusal, a failure, the live runs left alone, the runs fenced, what a dry run
+    leaves to do, a data loss."""
     warnings: list[Notice] = []
     fix_cmd = f"sqlsink recover --url '{out.shown_url}' --sink-id {sink.sink_id}"
     if sink.status == "refused":
+        runs = " ".join(f"--run-id {r.run_id}" for r in sink.treated_live) or "--run-id RUN"
         fix = (
-            f"stop the query and run: {fix_cmd}; or, if the live session is stuck or dead, "
-            f"add --force (see sqlsink recover --help)"
+            "a committer holds the lock while it commits (seconds): run recover again. A "
+            "holder stuck for longer is a paused or cut-off driver: if its run is dead, "
+            f"declare it so: {fix_cmd} --force {runs} (this also ends its session when the "
+            "run recorded it); or end the session: SELECT pg_terminate_backend(pid)"
         )
         warnings.append(Notice("warning", sink.message or "refused", fix, sink.sink_id))
     elif sink.status == "failed":
@@ -146,10 +190,76 @@ def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice
         n = len(sink.to_do())
         message = f"{n} prepared transaction(s) to finish"
         warnings.append(Notice("info", message, f"run: {fix_cmd}", sink.sink_id))
+    if sink.status != "refused":
+        warnings += [_live_run_notice(sink, run, dry_run, fix_cmd) for run in sink.treated_live]
+    warnings += _fenced_notices(sink, dry_run)
     if sink.lost:  # the committer's own message when it raised the loss
         said = sink.message if sink.status == "data loss" else None
         warnings.append(Notice("error", said or loss_message(sink.lost), LOSS_FIX, sink.sink_id))
     return warnings
+
+
+def _live_run_notice(sink: SinkRecovery, run: RunInfo, dry_run: bool, fix_cmd: str) -> Notice:
+    """Which run was treated as live, and what to do about it."""
+    left = sink.left_for(run)
+    heard = f"heard from {format_age(run.heartbeat_age_s)} ago"
+    live = f"run {run.run_id} is live ({heard}; live while heard from within {timeout_text(run)})"
+    if not left:
+        return Notice("info", f"{live}: nothing of it is prepared", None, sink.sink_id)
+    verb = "would be" if dry_run else "were"
+    message = (
+        f"{live}: its {left} undecided prepared transaction(s) {verb} left for its own "
+        "commit (recover never rolls back a live run's transactions)"
+    )
+    fix = (
+        "nothing to do while the query runs: it finishes them at its next commit. If the "
+        "query is stopped or its driver is gone: run recover again once the run's heartbeat "
+        f"is older than {format_age(run.timeout_s)}, or declare the run dead now: {fix_cmd} "
+        f"--force --run-id {run.run_id} (see sqlsink recover --help)"
+    )
+    return Notice("warning", message, fix, sink.sink_id)
+
+
+def _fenced_notices(sink: SinkRecovery, dry_run: bool) -> list[Notice]:
+    notices = []
+    if dry_run and sink.named:
+        notices.append(
+            Notice(
+                "info",
+                f"--force would declare run(s) {', '.join(sink.named)} dead (fence them); "
+                "the plan above treats them as dead",
+                None,
+                sink.sink_id,
+            )
+        )
+    if sink.fenced:
+        pids = ", ".join(map(str, sink.ended))
+        ended = f"; ended their session(s) pid {pids}" if sink.ended else ""
+        notices.append(
+            Notice(
+                "info",
+                f"declared run(s) {', '.join(sink.fenced)} dead (fenced: superseded by "
+                "'operator' in sqlsink.runs): they can never decide, commit or resolve again, "
+                f"and a task of theirs that prepares later rolls itself back{ended}",
+                "if that query still runs, it fails at its next batch (FencedError): restart "
+                "it from its checkpoint (a new run; nothing decided is lost)",
+                sink.sink_id,
+            )
+        )
+    elif sink.ended:
+        notices.append(
+            Notice(
+                "info",
+                f"ended session(s) pid {', '.join(map(str, sink.ended))} of fenced runs that "
+                "held the sink's lock (paused or cut-off drivers)",
+                None,
+                sink.sink_id,
+            )
+        )
+    for run in sink.runs:
+        if run.run_id in sink.named and run.run_id not in sink.fenced and not dry_run:
+            notices.append(Notice("info", f"{describe(run)}: already fenced", None, sink.sink_id))
+    return notices
 
 
 def unknown_sink_warning(sink_id: str, database: str) -> Notice:
@@ -201,6 +311,10 @@ def sink_json(sink: SinkRecovery, actions: list[ActionJson]) -> RecoverSinkJson:
         "rolled_back": results.count("rolled back"),
         "already_committed": len(report.already_committed),
         "completed_batches": sorted(report.completed_batches),
+        "runs": [run_json(r, sink.prepared().get(r.run_id, 0)) for r in sink.shown_runs()],
+        "live_runs": [r.run_id for r in sink.treated_live],
+        "fenced_runs": list(sink.fenced),
+        "ended_sessions": list(sink.ended),
     }
 
 
@@ -240,8 +354,14 @@ def print_recover(
         out.line("no sink has prepared transactions or unfinished decisions in this database")
     for sink in sinks:
         bound = f"bound to query {sink.bound_query}" if sink.bound_query else "not bound to a query"
-        live = "LIVE" if sink.live else "not live"
+        live = (
+            "live " + ", ".join(describe(r) for r in sink.treated_live)
+            if sink.live
+            else "no live run"
+        )
         out.line(f"sink {sink.sink_id}: {bound}; {live}; {sink.status}")
+        if sink.fenced:
+            out.line(f"  declared dead (fenced) now: run {', run '.join(sink.fenced)}")
     refused = {s.sink_id for s in sinks if s.status in ("refused", "failed")}
     out.line()
     _print_acted([a for a in actions if a["action"] != "leave"], refused, dry_run, out)
@@ -279,7 +399,10 @@ def _print_left(left: list[ActionJson], out: Output) -> None:
     if not left:
         return
     out.line()
-    out.line("left untouched (not provably the recovered sinks', or not in this database):")
+    out.line(
+        "left untouched (a live run's, which its own commit finishes; not provably the "
+        "recovered sinks'; or in another database):"
+    )
     rows = [
         [j["gid"], j["database"], j["owner"], format_age(j["age_seconds"]), j["reason"]]
         for j in left

@@ -32,6 +32,14 @@ from sqlsink.cli.output import (
     print_warnings,
     session_json,
 )
+from sqlsink.cli.runs import (
+    NEWEST_SHOWN,
+    describe,
+    prepared_by_run,
+    run_json,
+    shown_runs,
+    stranded_reason,
+)
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
@@ -61,17 +69,23 @@ class StatusScan:
     def sink(
         self, sink_id: str, row: st.SinkRow | None, prepared: list[tuple[PreparedTransaction, Gid]]
     ) -> SinkStatus:
-        """One sink: its commit log, its open gids, liveness, data loss; warnings."""
+        """One sink: its commit log, its runs, its open gids, data loss; warnings."""
         conn = self.conn
         summary = st.batch_summary(conn, sink_id)
         recent = st.recent_decisions(conn, sink_id, self.batches)
         incomplete = st.incomplete_decisions(conn, sink_id)
         live_sessions = st.sink_sessions(self.sessions, sink_id)
         holders = st.lock_holders(conn, sink_id)
+        runs = st.runs(conn, sink_id)
         # data loss: the core's own list of decided gids to verify, read-only, confirmed twice
         lost = confirmed_losses(conn, Committer(self.backend, sink_id).plan(Scope.everything()))
-        prepared_docs = self._prepared_json(sink_id, prepared)
+        by_run = {r.run_id: r for r in runs}
+        stranded = {txn.gid: why for txn, gid in prepared if (why := stranded_reason(gid, by_run))}
+        prepared_docs = self._prepared_json(sink_id, prepared, stranded)
         self._warn(sink_id, prepared_docs, incomplete, lost)
+        self._warn_stranded(sink_id, prepared_docs, stranded)
+        counts = prepared_by_run(gid for _, gid in prepared)
+        live_runs = [r for r in runs if r.live]
         doc: StatusSinkJson = {
             "sink_id": sink_id,
             "bound_query_id": row.query_id if row else None,
@@ -82,16 +96,22 @@ class StatusScan:
             "incomplete_batches": [d.batch_id for d in incomplete],
             "recent_batches": [_recent_json(d) for d in recent],
             "prepared": prepared_docs,
-            "live": bool(live_sessions or holders),
+            "live": bool(live_runs),
             "sessions": [session_json(s) for s in live_sessions],
             "lock_holders": [session_json(s) for s in holders],
+            "runs": [
+                run_json(r, counts.get(r.run_id, 0)) for r in shown_runs(runs, counts, NEWEST_SHOWN)
+            ],
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
         evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]
-        return SinkStatus(doc, lost, evidence)
+        return SinkStatus(doc, lost, [describe(r) for r in live_runs], evidence)
 
     def _prepared_json(
-        self, sink_id: str, prepared: list[tuple[PreparedTransaction, Gid]]
+        self,
+        sink_id: str,
+        prepared: list[tuple[PreparedTransaction, Gid]],
+        stranded: dict[str, str],
     ) -> list[PreparedJson]:
         """The sink's open gids, by batch and partition; decided: its decision names it."""
         batches = {(sink_id, gid.batch_id) for _, gid in prepared}
@@ -109,6 +129,7 @@ class StatusScan:
                 "prepared_at": txn.prepared_at,
                 "age_seconds": round((self.now - txn.prepared_at).total_seconds(), 3),
                 "decided": txn.gid in decided_gids,
+                "stranded": txn.gid in stranded,
             }
             for txn, gid in ordered
         ]
@@ -123,7 +144,8 @@ class StatusScan:
         """Old prepared gids, decisions left incomplete, data loss."""
         fix_cmd = f"sqlsink recover --url '{self.out.shown_url}' --sink-id {sink_id}"
         age = format_age(self.max_age)
-        old = [p for p in prepared if p["age_seconds"] > self.max_age]
+        # the stranded ones have a warning of their own (_warn_stranded)
+        old = [p for p in prepared if p["age_seconds"] > self.max_age and not p["stranded"]]
         if old:
             oldest = max(old, key=lambda p: p["age_seconds"])
             message = (
@@ -153,6 +175,33 @@ class StatusScan:
             self.warnings.append(Notice("warning", message, fix_cmd, sink_id))
         if lost:
             self.warnings.append(Notice("error", loss_message(lost), LOSS_FIX, sink_id))
+
+    def _warn_stranded(
+        self, sink_id: str, prepared: list[PreparedJson], stranded: dict[str, str]
+    ) -> None:
+        """Issue 12 item 16: prepared transactions whose run is not live (dead, fenced,
+        over, unknown) are finished by nobody until the query runs again, and a retired
+        query never does: say so, whatever their age, with the command."""
+        mine = [p for p in prepared if p["stranded"]]
+        if not mine:
+            return
+        url = self.out.shown_url
+        reasons = sorted({stranded[p["gid"]] for p in mine})
+        oldest = max(mine, key=lambda p: p["age_seconds"])
+        more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+        shown = "; ".join(reasons[:3]) + more
+        message = (
+            f"{len(mine)} prepared transaction(s) have no live run to finish them ({shown}; "
+            f"oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
+            f"{format_age(oldest['age_seconds'])}): nothing resolves them until the query "
+            "runs again (a retired query never does), and meanwhile each holds its locks and "
+            "blocks VACUUM"
+        )
+        fix = (
+            f"sqlsink recover --url '{url}' --sink-id {sink_id}  (a query retired for good: "
+            f"then sqlsink forget --url '{url}' --sink-id {sink_id})"
+        )
+        self.warnings.append(Notice("warning", message, fix, sink_id))
 
 
 def _recent_json(d: st.DecisionRow) -> RecentBatchJson:

@@ -6,13 +6,15 @@ from dataclasses import dataclass
 
 from sqlsink.cli.contract import OtherPreparedJson, PreparedJson, RecentBatchJson, StatusSinkJson
 from sqlsink.cli.output import Output, format_age, format_time, table
+from sqlsink.cli.runs import print_runs
 
 
 @dataclass
 class SinkStatus:
     doc: StatusSinkJson  # the JSON of the sink
     lost: list[tuple[int, str]]  # (batch, gid) of its confirmed data loss
-    live: list[str]  # the evidence, for the human report
+    live: list[str]  # its live runs, described, for the human report
+    connected: list[str]  # its sessions and lock holders: evidence only
 
 
 def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
@@ -37,7 +39,11 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
                 len(d["incomplete_batches"]),
                 len(d["prepared"]),
                 None if oldest is None else format_age(oldest),
-                " ".join((["LIVE"] if d["live"] else []) + (["DATA LOSS"] if sink.lost else [])),
+                " ".join(
+                    (["LIVE"] if d["live"] else [])
+                    + (["STRANDED"] if any(p["stranded"] for p in d["prepared"]) else [])
+                    + (["DATA LOSS"] if sink.lost else [])
+                ),
             ]
         )
     for text in table([*head, "STATE"], rows, right={2, 3, 4, 5, 6}):
@@ -54,9 +60,14 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
     bound = doc["bound_query_id"]
     out.line(f"sink {doc['sink_id']}  ({f'query {bound}' if bound else 'not bound to a query'})")
     if sink.live:
-        out.line(f"  live: {'; '.join(sink.live[:6])}")
+        out.line(f"  live: {'; '.join(sink.live)}")
     else:
-        out.line("  live: no session of this sink is connected")
+        out.line("  live: no run (none heard from within its timeout)")
+    if sink.connected:
+        out.line(f"  connected: {'; '.join(sink.connected[:6])}")
+    if doc["runs"]:
+        out.line("  runs:")
+        print_runs(out, doc["runs"])
     if doc["recent_batches"]:
         out.line("  recent batches:")
         _print_recent(out, doc["recent_batches"])
@@ -94,10 +105,12 @@ def _print_prepared(out: Output, prepared: list[PreparedJson]) -> None:
             format_age(p["age_seconds"]),
             p["owner"],
             "yes" if p["decided"] else "no",
+            "STRANDED" if p["stranded"] else "",
         ]
         for p in prepared
     ]
-    for text in table(["GID", "BATCH", "PART", "AGE", "OWNER", "DECIDED"], rows, right={1, 2, 3}):
+    head = ["GID", "BATCH", "PART", "AGE", "OWNER", "DECIDED", "NOTE"]
+    for text in table(head, rows, right={1, 2, 3}):
         out.line("    " + text)
 
 

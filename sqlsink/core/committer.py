@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlsink.core.backend import TwoPhaseBackend
+from sqlsink.core.checkpoint_check import CheckpointCheck
 from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, PartitionOutcome, ResolutionReport
@@ -45,6 +46,8 @@ from sqlsink.errors import (
 log = logging.getLogger("sqlsink")
 
 DEFAULT_RUN_TIMEOUT_S = 300.0  # the option runTimeout
+DEFAULT_KEEP_BATCHES = 1000  # the option keepBatches: decisions kept (retention)
+PRUNE_EVERY = 100  # batches between two prunings (one DELETE per hundred batches)
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,17 @@ class Committer:
         timeouts: TimeoutPolicy | None = None,
         clock: Callable[[], float] = time.time,
         run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+        keep_batches: int = DEFAULT_KEEP_BATCHES,
+        checkpoint_check: CheckpointCheck | None = None,
     ) -> None:
         self.backend = backend
         self.sink_id = sink_id
         self.timeouts = timeouts or TimeoutPolicy()
         self.clock = clock  # injectable: tests move time, not sleep
         self.run_timeout_s = run_timeout_s  # a run is live while heard from this recently
+        self.keep_batches = max(1, keep_batches)  # the highest decided batch always stays
+        # a stream's checkpoint against the log (invariant 9), at commits only
+        self.checkpoint_check = checkpoint_check
 
     def register(self, run_id: str | None, *, holds_lock: bool) -> None:
         """Record the run (invariant 10); a FencedError when a newer run superseded it."""
@@ -132,6 +140,9 @@ class Committer:
         with self.backend.sink_lock(sink_id):
             self.check_writer(writer, batch_id)
             self.register(run_id, holds_lock=True)
+            if self.checkpoint_check is not None and run_id is not None and not load:
+                # before deciding: batches Spark committed that the log lacks stop here
+                self.checkpoint_check.at_commit(sink_id, run_id, batch_id)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
                 (sink_id, batch_id)
             )
@@ -144,6 +155,7 @@ class Committer:
             report = self._resolve(scope, dry_run=False)[1]
             commit_ms = (time.monotonic() - decided) * 1000
             self.backend.record_metrics(sink_id, batch_id, commit_ms, len(report.rolled_back))
+            self._prune(batch_id)
             crash_point("after_commit", batch_id)
         written = [o for o in outcomes if o is not None and o.gid is not None]
         self._warn_old((o.gid, o.started_at) for o in written if o.gid in report.committed)
@@ -162,6 +174,13 @@ class Committer:
             len(report.rolled_back),
         )
         return report
+
+    def _prune(self, batch_id: int) -> None:
+        """Retention: keep the newest ``keep_batches`` decisions (the highest one is what
+        invariant 9 and a replay need), every incomplete one, and prune the rest."""
+        through = batch_id - self.keep_batches
+        if batch_id % PRUNE_EVERY == 0 and through >= 0:
+            self.backend.prune_decisions(self._sink(), through)
 
     def _decide(
         self,
@@ -356,15 +375,19 @@ class Committer:
     def _forgive_after_timeout(
         self, lost: list[tuple[int, str]], decisions: dict[tuple[str, int], Decision]
     ) -> set[tuple[int, str]]:
-        """ignoreCommitFailuresAfterTransactionTimeout: skip (loudly) what is lost for good."""
+        """ignoreCommitFailuresAfterTransactionTimeout: skip (loudly) what is lost for good.
+
+        The decision's age is the server's (it stamped ``decided_at``): a driver whose
+        clock runs ahead must not forgive a fresh loss (issue 12 item 19)."""
         timeout = self.timeouts.timeout_s
         if not (self.timeouts.ignore_commit_failures_after_timeout and timeout and lost):
             return set()
-        now, forgiven = self.clock(), set()
+        forgiven = set()
         for batch_id, gid in lost:
             parsed = Gid.parse(gid)
             decision = decisions.get((parsed.sink_id, batch_id)) if parsed else None
-            if decision is not None and now - decision.decided_at.timestamp() > timeout:
+            age = None if decision is None else decision.age_s
+            if age is not None and age > timeout:
                 forgiven.add((batch_id, gid))
                 log.error(
                     "sqlsink %s: probable data loss: batch %d transaction %s was decided %.0f s "
@@ -373,7 +396,7 @@ class Committer:
                     self.sink_id,
                     batch_id,
                     gid,
-                    now - decision.decided_at.timestamp(),
+                    age,
                     timeout,
                 )
         return forgiven

@@ -98,6 +98,9 @@ class Decision:
     complete: bool  # every gid is known committed (verified by its marker)
     query_id: str | None = None
     run_id: str | None = None
+    # seconds since decided_at on the server's clock, which stamped it (read with the
+    # decision); None when the backend cannot say: then no timeout forgives its loss
+    age_s: float | None = None
 
 
 @dataclass

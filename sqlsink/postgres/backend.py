@@ -10,10 +10,11 @@ from contextlib import AbstractContextManager
 import psycopg
 from psycopg import sql
 
+from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres import commit_log, locks, syncrep
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 
@@ -25,6 +26,7 @@ class PostgresBackend:
         """``lock_timeout_s`` bounds every lock wait of this session (the sink lock too)."""
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
+        self.standby = syncrep.Watch(conn, lock_timeout_s)  # bounds every write (syncrep)
         row = conn.execute(
             "SELECT current_database(), current_user, "
             "       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), "
@@ -68,7 +70,8 @@ class PostgresBackend:
         return commit_log.binding(self.conn, sink_id)
 
     def bind(self, sink_id: str, writer: Binding) -> None:
-        commit_log.bind(self.conn, sink_id, writer)
+        with self.standby.bounded(f"binding sink {sink_id}", sink=sink_id):
+            commit_log.bind(self.conn, sink_id, writer)
 
     def highest_decided(self, sink_id: str) -> int | None:
         return commit_log.highest_decided(self.conn, sink_id)
@@ -83,12 +86,14 @@ class PostgresBackend:
     def register_run(
         self, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
     ) -> str | None:
-        return commit_log.register_run(
-            self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock
-        )
+        with self.standby.bounded(f"recording run {run_id} of sink {sink_id}", sink=sink_id):
+            return commit_log.register_run(
+                self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock
+            )
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
-        commit_log.mark_aborted(self.conn, sink_id, run_id, batch_id)
+        with self.standby.bounded(f"recording that batch {batch_id} was aborted", batch=batch_id):
+            commit_log.mark_aborted(self.conn, sink_id, run_id, batch_id)
 
     def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
         return commit_log.live_runs(self.conn, sink_id)
@@ -105,17 +110,18 @@ class PostgresBackend:
         partitions: int | None = None,
         first_write_at: float | None = None,
     ) -> bool:
-        return commit_log.insert_decision(
-            self.conn,
-            sink_id,
-            batch_id,
-            gids,
-            rows,
-            query_id,
-            run_id,
-            partitions=partitions,
-            first_write_at=first_write_at,
-        )
+        with self.standby.bounded(f"the decision of batch {batch_id}", batch=batch_id):
+            return commit_log.insert_decision(
+                self.conn,
+                sink_id,
+                batch_id,
+                gids,
+                rows,
+                query_id,
+                run_id,
+                partitions=partitions,
+                first_write_at=first_write_at,
+            )
 
     def commit_prepared(self, gid: str) -> bool:
         return self._finish("COMMIT PREPARED {}", gid)
@@ -125,7 +131,8 @@ class PostgresBackend:
 
     def _finish(self, statement: str, gid: str) -> bool:
         try:
-            self.conn.execute(sql.SQL(statement).format(sql.Literal(gid)))
+            with self.standby.bounded(statement.format(gid), gid=gid):
+                self.conn.execute(sql.SQL(statement).format(sql.Literal(gid)))
         except psycopg.errors.UndefinedObject:
             return False  # not prepared (any more)
         except psycopg.errors.ObjectNotInPrerequisiteState:  # "is busy": being finished
@@ -161,7 +168,29 @@ class PostgresBackend:
         return commit_log.visible_markers(self.conn, gids)
 
     def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
-        commit_log.record_metrics(self.conn, sink_id, batch_id, commit_ms, orphans)
+        with self.standby.bounded(f"recording the metrics of batch {batch_id}", batch=batch_id):
+            commit_log.record_metrics(self.conn, sink_id, batch_id, commit_ms, orphans)
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
-        commit_log.mark_complete(self.conn, sink_id, batch_ids)
+        with self.standby.bounded(f"marking batches of sink {sink_id} complete", sink=sink_id):
+            commit_log.mark_complete(self.conn, sink_id, batch_ids)
+
+    def prune_decisions(self, sink_id: str, through: int) -> int:
+        with self.standby.bounded(f"pruning the commit log of sink {sink_id}", sink=sink_id):
+            return commit_log.prune_decisions(self.conn, sink_id, through)
+
+    # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) ----------
+
+    def run_check(self, sink_id: str, run_id: str) -> RunCheck:
+        return commit_log.checkpoint_run_check(self.conn, sink_id, run_id)
+
+    def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
+        return commit_log.checkpoint_coverage(self.conn, sink_id, batch_ids)
+
+    def record_check(
+        self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
+    ) -> None:
+        with self.standby.bounded(f"recording the checkpoint check of run {run_id}", sink=sink_id):
+            commit_log.record_checkpoint_check(
+                self.conn, sink_id, run_id, batch_id, location, verdict
+            )

@@ -78,7 +78,8 @@ TIMEOUTS = (
     "lock_timeout",
     "idle_session_timeout",
 )
-SETTINGS = ("max_prepared_transactions", *TIMEOUTS)
+SYNC_REP = ("synchronous_standby_names", "synchronous_commit")
+SETTINGS = ("max_prepared_transactions", *TIMEOUTS, *SYNC_REP)
 
 # pg_db_role_setting (setdatabase, setrole) != 0 -> the pg_settings.source it produces
 _DB_ROLE_SOURCES = {
@@ -135,6 +136,9 @@ class ServerSettings:
     stored: Mapping[tuple[str, str], str] = field(default_factory=dict)
     prepared_in_use: int = 0  # pg_prepared_xacts, cluster-wide
     server_version: str = ""
+    # standbys connected as synchronous (pg_stat_replication.sync_state sync or quorum);
+    # None when this role may not see it (pg_read_all_stats or pg_monitor may)
+    sync_standbys: int | None = None
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -147,10 +151,13 @@ def read_settings(conn: Connection) -> ServerSettings:
         "current_setting('server_version_num')::int, "
         "(SELECT oid FROM pg_roles WHERE rolname = session_user), "
         "(SELECT oid FROM pg_database WHERE datname = current_database()), "
-        "(SELECT count(*) FROM pg_prepared_xacts)"
+        "(SELECT count(*) FROM pg_prepared_xacts), "
+        "(SELECT CASE WHEN count(*) FILTER (WHERE sync_state IS NULL) > 0 THEN NULL "
+        "             ELSE count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) END "
+        "   FROM pg_stat_replication)"
     ).fetchone()
     assert row is not None
-    role, database, version, version_num, role_oid, db_oid, in_use = row
+    role, database, version, version_num, role_oid, db_oid, in_use, sync_standbys = row
     rows = conn.execute(
         "SELECT name, current_setting(name), setting, unit, source, sourcefile "
         "FROM pg_settings WHERE name = ANY(%s)",
@@ -181,6 +188,7 @@ def read_settings(conn: Connection) -> ServerSettings:
         stored=stored,
         prepared_in_use=int(in_use),
         server_version=str(version),
+        sync_standbys=None if sync_standbys is None else int(sync_standbys),
     )
 
 
@@ -404,6 +412,9 @@ def analyse(
     idle = settings.settings.get("idle_session_timeout")
     if idle is not None:
         out.append(_idle_session(idle, settings, trigger_interval_s))
+    names = settings.settings.get("synchronous_standby_names")
+    if names is not None:
+        out.append(_synchronous_standbys(names, settings))
     return out
 
 
@@ -552,6 +563,44 @@ def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
         f"commit or the task{_alternative(s, value, settings)}",
         fix_statement(s, value, settings),
     )
+
+
+def _synchronous_standbys(s: Setting, settings: ServerSettings) -> Finding:
+    """Waits at commit time for a standby: what bounds them (invariant 11, syncrep)."""
+    source = describe_source(s, settings)
+    commit = settings.settings.get("synchronous_commit")
+    level = commit.value if commit is not None else "on"
+    if not s.value.strip():
+        return Finding(OK, s.name, "''", source, "commits do not wait for a standby")
+    waits = (
+        "the sink's decisions (written with synchronous_commit = on)"
+        if level in ("off", "local")
+        else "every PREPARE TRANSACTION, COMMIT PREPARED and commit-log write of the sink "
+        f"(synchronous_commit = {level})"
+    )
+    bound = (
+        f"{waits} waits until a standby confirms it; neither lock_timeout nor "
+        "statement_timeout ends that wait, so the sink cancels each of its writes after its "
+        "lockTimeout plus a second: the transaction is then committed on this server but not "
+        "confirmed, and the sink fails the batch with an error naming this setting (the "
+        "restart finds the batch committed)"
+    )
+    if settings.sync_standbys == 0:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"no synchronous standby is connected (pg_stat_replication): {bound}",
+            "start or reconnect the standby, or ALTER SYSTEM SET synchronous_standby_names = "
+            "''; SELECT pg_reload_conf();",
+        )
+    seen = (
+        "this role cannot see pg_stat_replication's sync_state (GRANT pg_monitor to see it)"
+        if settings.sync_standbys is None
+        else f"{settings.sync_standbys} synchronous standby(s) connected"
+    )
+    return Finding(OK, s.name, s.value, source, f"{seen}; {bound}")
 
 
 def _idle_session(

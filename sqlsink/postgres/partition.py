@@ -71,7 +71,9 @@ def write_partition(
                 return _outcome(task, None, 0, skipped=True, started=started)
             return _outcome(task, start.adopt, counted, skipped=False, started=started)
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
-        rows = _load(conn, participant, options, target, gid, itertools.chain([first], rows_iter))
+        rows = _load(
+            conn, backend, participant, options, target, gid, itertools.chain([first], rows_iter)
+        )
         return _outcome(task, str(gid) if gid else None, rows, skipped=False, started=started)
     finally:
         conn.close()  # after PREPARE, closing leaves the transaction prepared
@@ -86,6 +88,7 @@ def _first_nonempty(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:
 
 def _load(
     conn: Connection,
+    backend: PostgresBackend,
     participant: Participant,
     options: SinkOptions,
     target: TargetPlan,
@@ -114,7 +117,15 @@ def _load(
         commit_log.insert_marker(
             conn, str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows
         )
-        with conn.cursor() as cur:
+        with (
+            backend.standby.bounded(
+                f"{task.where()}: PREPARE TRANSACTION {gid}",
+                batch=task.batch_id,
+                partition=task.partition_id,
+                gid=str(gid),
+            ),
+            conn.cursor() as cur,
+        ):
             cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
             if cur.statusmessage != "PREPARE TRANSACTION":
                 raise TransientError(

@@ -46,7 +46,13 @@ def installed_version(conn: Connection) -> int:
 
 
 MIGRATION_LOCK_TIMEOUT_S = 15.0
-_COMMIT_LOG = ("sqlsink.sinks", "sqlsink.decisions", "sqlsink.markers", "sqlsink.schema_version")
+_COMMIT_LOG = (
+    "sqlsink.sinks",
+    "sqlsink.decisions",
+    "sqlsink.markers",
+    "sqlsink.runs",
+    "sqlsink.schema_version",
+)
 
 
 def ensure_schema(conn: Connection) -> int:

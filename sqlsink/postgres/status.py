@@ -1,5 +1,6 @@
-"""Read-only queries for the command-line tool: the commit log, prepared transactions,
-the sessions and locks that show a sink is live, and the server checks.
+"""Read-only queries for the command-line tool: the commit log, its runs (which are
+live: ``commit_log.runs``), prepared transactions, the sessions and locks of a sink
+(shown as evidence; liveness is the runs registry's), and the server checks.
 
 Nothing here writes; the only state it takes is the sink's session advisory lock
 (``try_sink_lock``/``wait_sink_lock``), the very lock the committer holds while it
@@ -20,13 +21,13 @@ import psycopg
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.postgres import appnames
 from sqlsink.postgres.checks import Finding, check_server
-from sqlsink.postgres.commit_log import like_prefix, visible_markers
+from sqlsink.postgres.commit_log import RunInfo, like_prefix, runs, visible_markers
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.locks import lock_ids, try_sink_lock, unlock_sink, wait_sink_lock
 from sqlsink.postgres.schema import installed_version, latest_version
 
 # the CLI calls these here until status.py is split (issue 17)
-__all__ = ["try_sink_lock", "unlock_sink", "visible_markers", "wait_sink_lock"]
+__all__ = ["RunInfo", "runs", "try_sink_lock", "unlock_sink", "visible_markers", "wait_sink_lock"]
 
 
 # -- the commit log -----------------------------------------------------------------------
@@ -263,7 +264,9 @@ def sqlsink_sessions(conn: Connection) -> list[Session]:
 
 
 def sink_sessions(sessions: Collection[Session], sink_id: str) -> list[Session]:
-    """The sessions that show the sink is live: its partition tasks and its committer."""
+    """The sink's connected partition tasks and committer: evidence that it runs, never
+    proof that it does not (between a batch's PREPAREs and its commit nothing of it may
+    be connected; liveness is the runs registry's)."""
     return [s for s in sessions if appnames.of_sink(s.application_name, sink_id)]
 
 

@@ -175,7 +175,9 @@ class _SinkWriter:
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
             return None  # no task wrote anything, and no sink id to look up: nothing to decide
-        with _CommitterSession(self.options, sink_id) as committer:
+        # a stream relates its checkpoint to the log (invariant 9); a batch load has none
+        stream = not self.is_load
+        with _CommitterSession(self.options, sink_id, check_checkpoint=stream) as committer:
             committer.commit_batch(
                 batch_id,
                 outcomes,
@@ -302,11 +304,16 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
 class _CommitterSession:
     """A connection and a Committer for one commit()/abort() call."""
 
-    def __init__(self, options: SinkOptions, sink_id: str) -> None:
+    def __init__(
+        self, options: SinkOptions, sink_id: str, *, check_checkpoint: bool = False
+    ) -> None:
         self.options = options
         self.sink_id = sink_id
+        self.check_checkpoint = check_checkpoint  # a stream's commit: its checkpoint vs the log
 
     def __enter__(self) -> Any:
+        from sqlsink.checkpoint import checkpoint_policy
+        from sqlsink.core.checkpoint_check import CheckpointCheck
         from sqlsink.core.committer import Committer
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
@@ -317,11 +324,18 @@ class _CommitterSession:
             self.options.password,
             application_name=appnames.committer(self.sink_id),
         )
+        backend = PostgresBackend(self.conn, self.options.lock_timeout_s)
+        check = None
+        if self.check_checkpoint:
+            policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
+            check = CheckpointCheck(backend, policy)
         return Committer(
-            PostgresBackend(self.conn, self.options.lock_timeout_s),
+            backend,
             self.sink_id,
             timeouts=self.options.timeouts,
             run_timeout_s=self.options.run_timeout_s,
+            keep_batches=self.options.keep_batches,
+            checkpoint_check=check,
         )
 
     def __exit__(self, *exc: object) -> None:

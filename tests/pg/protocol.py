@@ -75,6 +75,7 @@ class Writer:
                 self.sink,
                 timeouts=options.timeouts,
                 run_timeout_s=options.run_timeout_s,
+                keep_batches=options.keep_batches,
             )
 
     def commit(self, batch: int, outcomes: list[PartitionOutcome | None]) -> ResolutionReport:

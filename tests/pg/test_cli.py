@@ -29,6 +29,7 @@ from sqlsink import cli
 from sqlsink.checkpoint import DecisionState, read_checkpoint, relate
 from sqlsink.cli import recover as cli_recover
 from sqlsink.core.gid import Gid
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import lock_key
 from sqlsink.postgres.schema import ensure_schema, latest_version
@@ -345,29 +346,27 @@ def test_data_loss_is_exit_3_naming_batch_and_partition(db: Db) -> None:
 # -- liveness -----------------------------------------------------------------------------
 
 
-def test_recover_refuses_while_the_sink_lock_is_held_and_force_waits_for_it(db: Db) -> None:
-    gid = prepare(db, "a", 0, 0, range(3))
+def test_recover_waits_for_the_sink_lock_and_refuses_when_it_stays_held(db: Db) -> None:
+    gid = prepare(db, "a", 0, 0, range(3))  # of a run the commit log does not know: dead
     with db.connect() as holder:  # a committer of sink a in the middle of a commit
         holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key("a"),))
         pid = holder.info.backend_pid
-        refused = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--json")
+        refused = sqlsink(
+            "recover", "--url", db.url, "--sink-id", "a", "--lock-timeout", "0.5s", "--json"
+        )
         assert refused.code == 1, refused.out + refused.err
         sink = refused.json["sinks"][0]
-        assert sink["status"] == "refused" and sink["live"] is True and sink["lock"] == "held"
+        assert sink["status"] == "refused" and sink["lock"] == "held"
+        assert sink["live"] is False  # a held lock is evidence, not liveness
         assert [s["pid"] for s in sink["lock_holders"]] == [pid]
         assert refused.actions()[gid] == ("rollback", False)
-        assert "live" in refused.json["warnings"][0]["message"]
-        assert "--force" in refused.json["warnings"][0]["fix"]
+        warning = refused.json["warnings"][0]
+        assert "still held after 0.5s" in warning["message"] and f"pid {pid}" in warning["message"]
+        assert "--force --run-id" in warning["fix"] and "pg_terminate_backend" in warning["fix"]
         assert db.gids() == {gid}
 
-        short = sqlsink(
-            "recover", "--url", db.url, "--sink-id", "a", "--force", "--lock-timeout", "0.5s"
-        )
-        assert short.code == 1 and "still held" in short.out, short.out + short.err
-        assert db.gids() == {gid}
-
-        # --force still takes the lock: it waits for the commit to end, then acts
-        command = ["recover", "--url", db.url, "--sink-id", "a", "--force"]
+        # recover takes turns with the committer: it waits for the commit to end, then acts
+        command = ["recover", "--url", db.url, "--sink-id", "a"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "sqlsink", *command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -378,32 +377,46 @@ def test_recover_refuses_while_the_sink_lock_is_held_and_force_waits_for_it(db: 
         holder.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key("a"),))
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, out + err
+    assert "waiting up to 30s for the sink's lock" in err
     assert db.gids() == set() and ids_in(db) == []
 
 
-def test_recover_refuses_while_a_task_of_the_sink_is_connected(db: Db) -> None:
+def test_a_connected_session_is_evidence_not_liveness(db: Db) -> None:
+    """Issue 12 item 7: liveness is the runs registry's. A session named like the sink's
+    task (here: a leftover connection of a run that is gone) no longer makes recover
+    refuse the sink; it is shown, and the dead run's leftover is resolved."""
     gid = prepare(db, "a", 3, 0, range(3))
     task_name = "sqlsink sink a, batch 4, partition 0"
     with psycopg.connect(db.url, autocommit=True, application_name=task_name) as task:
-        refused = sqlsink("recover", "--url", db.url)
-        assert refused.code == 1, refused.out + refused.err
-        assert f"pid {task.info.backend_pid} '{task_name}'" in refused.out
-        assert "refused" in refused.out and db.gids() == {gid}
-        # a sibling sink's task is not this sink's ("a-2" is not "a")
-        with psycopg.connect(
-            db.url, autocommit=True, application_name="sqlsink sink a-2, batch 1, partition 0"
-        ):
-            pass
-        forced = sqlsink("recover", "--url", db.url, "--force", "--json")
-        assert forced.code == 0, forced.out + forced.err
-        assert forced.actions()[gid] == ("rollback", True)
+        result = sqlsink("recover", "--url", db.url, "--json")
+        assert result.code == 0, result.out + result.err
+        (sink,) = result.json["sinks"]
+        assert sink["live"] is False and sink["live_runs"] == []
+        assert [s["pid"] for s in sink["sessions"]] == [task.info.backend_pid]
+        assert result.actions()[gid] == ("rollback", True)
     assert db.gids() == set()
+
+
+def test_force_is_refused_without_the_runs_it_declares_dead(db: Db) -> None:
+    gid = prepare(db, "a", 3, 0, range(3))
+    no_run = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--force")
+    assert no_run.code == 2 and "--force needs --run-id RUN" in no_run.err
+    no_force = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--run-id", "r")
+    assert no_force.code == 2 and "add --force" in no_force.err
+    no_sink = sqlsink("recover", "--url", db.url, "--force", "--run-id", "r", "--json")
+    assert no_sink.code == 2 and "--sink-id" in no_sink.json["error"]["fix"]
+    unknown = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--force", "--run-id", "r")
+    assert unknown.code == 2 and "sink a has no run r in its commit log" in unknown.err
+    assert db.gids() == {gid}  # nothing was done
+    cleanup(db.server, [gid])
 
 
 # -- status -------------------------------------------------------------------------------
 
 
 def test_status_reports_batches_prepared_transactions_and_old_ones(db: Db, other_db: Db) -> None:
+    with db.connect() as conn:  # the run of the gids below is live: nothing is stranded
+        commit_log.register_run(conn, "a", RUN, 300.0, holds_lock=False)
     for batch in range(3):
         gid = prepare(db, "a", batch, 0, range(batch * 10, batch * 10 + 4))
         decide(db, "a", batch, [gid], 4)
@@ -432,7 +445,8 @@ def test_status_reports_batches_prepared_transactions_and_old_ones(db: Db, other
         assert [(p["gid"], p["batch_id"], p["decided"]) for p in sink["prepared"]] == [
             (decided, 3, True), (open_gid, 4, False),
         ]  # fmt: skip
-        assert sink["live"] is False
+        assert sink["live"] is True and [r["run_id"] for r in sink["runs"]] == [RUN]
+        assert not any(p["stranded"] for p in sink["prepared"])
         assert [o["gid"] for o in doc["other_prepared"]] == [foreign]
 
         old = sqlsink("status", "--url", db.url, "--json", "--max-age", "0s")
@@ -644,7 +658,8 @@ def test_a_password_never_appears_in_any_output(db: Db) -> None:
         ],
         env=env,
     )
-    assert [r.code for r in read_only] == [0, 0, 1, 0, 1], [r.err for r in read_only]
+    # status: 1, the gid's run is unknown to the commit log: stranded, said (item 16)
+    assert [r.code for r in read_only] == [0, 0, 1, 1, 1], [r.err for r in read_only]
     assert read_only[1].json["url"].endswith("password=***")  # still valid JSON
     real = sqlsink("recover", "--url", url, "--json", env=env)
     assert real.code == 0 and real.actions()[gid] == ("rollback", True)

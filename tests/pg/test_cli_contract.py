@@ -35,11 +35,21 @@ from sqlsink.cli.contract import (
     RecoverDocument,
     StatusDocument,
 )
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import sink_lock
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
-from tests.pg.test_cli import Db, Result, decide, make_checkpoint, prepare, prepare_foreign, sqlsink
+from tests.pg.test_cli import (
+    RUN,
+    Db,
+    Result,
+    decide,
+    make_checkpoint,
+    prepare,
+    prepare_foreign,
+    sqlsink,
+)
 
 SINK = "contract-a"  # decided, undecided and orphan gids; a task connected; its lock held
 LOSSY = "contract-d"  # a decided gid rolled back by someone: data loss
@@ -54,11 +64,12 @@ DOCUMENTS: dict[str, type[Any]] = {
 RECOVER_TYPES = {
     RecoverDocument, contract.RecoverSinkJson, contract.ActionJson, contract.SessionJson,
     contract.DataLossJson, contract.CheckpointJson, contract.CheckpointBatchJson,
-    contract.NoticeJson,
+    contract.NoticeJson, contract.RunJson,
 }  # fmt: skip
 STATUS_TYPES = {
     StatusDocument, contract.StatusSinkJson, contract.RecentBatchJson, contract.PreparedJson,
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
+    contract.RunJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
 FORGET_TYPES = {ForgetDocument}
@@ -166,7 +177,9 @@ def db(pg_server: PgServer) -> Iterator[Db]:
 def leftovers(db: Db) -> None:
     """Batch 3 of SINK complete; batch 4 decided, with an orphan attempt; batch 5
     undecided. LOSSY's batch 2 decided, one of its gids rolled back by someone. Another
-    application's prepared transaction."""
+    application's prepared transaction. SINK's run is live (a fresh heartbeat)."""
+    with db.connect() as conn:
+        commit_log.register_run(conn, SINK, RUN, 300.0, holds_lock=False)
     done = prepare(db, SINK, 3, 0, range(0, 2))
     decide(db, SINK, 3, [done], 2, query=QUERY)
     with db.connect() as conn:
@@ -219,7 +232,9 @@ def test_recover_documents_follow_the_contract(db: Db, tmp_path: Path) -> None:
         sink = next(s for s in doc["sinks"] if s["sink_id"] == SINK)
         assert sink["lock"] == "held" and sink["lock_holders"] and sink["sessions"]
 
-        refused = sqlsink("recover", "--url", db.url, "--sink-id", SINK, "--json")
+        refused = sqlsink(
+            "recover", "--url", db.url, "--sink-id", SINK, "--lock-timeout", "0.5s", "--json"
+        )
         assert shape.document(refused, "recover")["sinks"][0]["status"] == "refused"
 
     with_checkpoint = sqlsink(

@@ -9,8 +9,10 @@ import time
 import psycopg
 import pytest
 
+from sqlsink.core.checkpoint_check import Verdict
 from sqlsink.core.committer import Committer
 from sqlsink.errors import ConfigError
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema, installed_version, latest_version, migrations
 from tests.fix_pg import PgServer
@@ -107,8 +109,37 @@ def test_a_blocked_migration_gives_up_in_bounded_time_and_names_the_blocker(
             release.set()
             thread.join()
         message = str(refused.value)
-        assert "version 3" in message and "nightly report" in message
+        assert f"version {latest_version()}" in message and "nightly report" in message
         assert "sqlsink.decisions" in message and "pg_terminate_backend" in message
         with psycopg.connect(url, autocommit=True) as conn:
             assert installed_version(conn) == RELEASED  # type: ignore[arg-type]
             assert ensure_schema(conn) == latest_version()  # type: ignore[arg-type]
+
+
+def test_version_4_adds_the_checkpoint_check_to_the_runs_of_version_3(
+    pg_server: PgServer,
+) -> None:
+    """Runs recorded under version 3 keep their rows (never checked); a check recorded
+    afterwards is what status reads (issue 12 item 4)."""
+    with pg_server.database("mig") as url, psycopg.connect(url, autocommit=True) as conn:
+        for version, path in migrations():
+            if version <= 3:
+                conn.execute(path.read_text(encoding="utf-8").encode())
+        assert commit_log.register_run(conn, "s", "run-3", 300, holds_lock=False) is None  # type: ignore[arg-type]
+        started = time.monotonic()
+        assert ensure_schema(conn) == latest_version() >= 4  # type: ignore[arg-type]
+        assert time.monotonic() - started < 5
+        assert commit_log.checkpoint_checks(conn, "s") == []  # type: ignore[arg-type]
+        verdict = Verdict("loss", "batches 3, 4 in commits/ of /chk but not decided", (3, 4))
+        commit_log.record_checkpoint_check(conn, "s", "run-3", 5, "/chk", verdict)  # type: ignore[arg-type]
+        [row] = commit_log.checkpoint_checks(conn, "s")  # type: ignore[arg-type]
+        assert (row.run_id, row.newest, row.verdict, row.lost, row.location, row.batch_id) == (
+            "run-3",
+            True,
+            "loss",
+            (3, 4),
+            "/chk",
+            5,
+        )
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE sqlsink.runs SET checkpoint_verdict = 'fine'")

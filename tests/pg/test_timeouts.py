@@ -93,20 +93,54 @@ def test_ignore_commit_failure_after_timeout(
     assert outcome.gid is not None
     PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
     conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcome.gid)))  # lost
-    decided = server_time(conn)
     policy = TimeoutPolicy(timeout_s=100, ignore_commit_failures_after_timeout=True)
     # before the timeout: the restore fails, loudly
-    early = Committer(PostgresBackend(conn), sink, timeouts=policy, clock=lambda: decided + 50)
+    early = Committer(PostgresBackend(conn), sink, timeouts=policy)
     with pytest.raises(DataLossError, match="batch 0 partition 0"):
         early.recover()
-    # after it: logged as probable data loss, counted, and skipped
-    late = Committer(PostgresBackend(conn), sink, timeouts=policy, clock=lambda: decided + 150)
+    # after it (on the server's clock): logged as probable data loss, counted, and skipped
+    age_decision(conn, sink, 0, seconds=150)
+    late = Committer(PostgresBackend(conn), sink, timeouts=policy)
     with caplog.at_level(logging.ERROR, logger="sqlsink"):
         _, report = late.recover()
     assert report.lost == [(0, outcome.gid)]
     assert "probable data loss: batch 0" in caplog.text
     _, again = late.recover()  # the batch is settled now: no endless failure
     assert again.lost == []
+
+
+def test_a_driver_clock_running_ahead_forgives_nothing(
+    pg_url: str,
+    setup: tuple[str, str, psycopg.Connection[tuple[object, ...]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 12 item 19: the decision's age is measured on the server's clock, which
+    stamped it; a driver whose clock runs 150 s ahead does not see a fresh loss as old."""
+    sink, table, conn = setup
+    outcome = prepare(pg_url, table, sink, 0, 0, range(3))
+    assert outcome.gid is not None
+    PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
+    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcome.gid)))  # lost
+    policy = TimeoutPolicy(timeout_s=100, ignore_commit_failures_after_timeout=True)
+    ahead = server_time(conn) + 150
+    committer = Committer(PostgresBackend(conn), sink, timeouts=policy, clock=lambda: ahead)
+    with (
+        caplog.at_level(logging.ERROR, logger="sqlsink"),
+        pytest.raises(DataLossError, match="batch 0 partition 0"),
+    ):
+        committer.recover()
+    assert "probable data loss" not in caplog.text
+
+
+def age_decision(
+    conn: psycopg.Connection[tuple[object, ...]], sink: str, batch: int, *, seconds: float
+) -> None:
+    """Move a decision into the past on the server's own clock (no sleeping)."""
+    conn.execute(
+        "UPDATE sqlsink.decisions SET decided_at = decided_at - make_interval(secs => %s) "
+        "WHERE sink_id = %s AND batch_id = %s",
+        (seconds, sink, batch),
+    )
 
 
 def test_the_option_is_off_by_default(
