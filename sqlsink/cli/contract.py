@@ -236,6 +236,19 @@ class StatusSinkJson(TypedDict):
     sessions: list[SessionJson]  # its connected tasks and committer: evidence only
     lock_holders: list[SessionJson]
     runs: list[RunJson]  # live runs, runs with prepared transactions, the newest 3
+    checkpoint_check: CheckpointCheckJson | None  # the newest run's; None: not checked yet
+
+
+class CheckpointCheckJson(TypedDict):
+    """The checkpoint checked against the commit log at a run's first commit (invariant 9)."""
+
+    run_id: str
+    verdict: str  # verified | loss | unverified | off
+    detail: str
+    lost: list[int]  # batches Spark's checkpoint records as committed that the log lacks
+    location: str | None  # without secrets
+    batch_id: int | None  # the commit that checked
+    checked_at: datetime
 
 
 class OtherPreparedJson(TypedDict):

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import (
+    CheckpointCheckJson,
     Envelope,
     OtherPreparedJson,
     PreparedJson,
@@ -45,6 +46,7 @@ from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.core.resolution import Scope
+from sqlsink.postgres import commit_log
 from sqlsink.postgres import status as st
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
@@ -84,6 +86,7 @@ class StatusScan:
         prepared_docs = self._prepared_json(sink_id, prepared, stranded)
         self._warn(sink_id, prepared_docs, incomplete, lost)
         self._warn_stranded(sink_id, prepared_docs, stranded)
+        check = self._checkpoint_check(sink_id)
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
         doc: StatusSinkJson = {
@@ -102,10 +105,57 @@ class StatusScan:
             "runs": [
                 run_json(r, counts.get(r.run_id, 0)) for r in shown_runs(runs, counts, NEWEST_SHOWN)
             ],
+            "checkpoint_check": check,
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
         evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]
         return SinkStatus(doc, lost, [describe(r) for r in live_runs], evidence)
+
+    def _checkpoint_check(self, sink_id: str) -> CheckpointCheckJson | None:
+        """The newest run's checkpoint check (schema 4 on); a loss is an error, an
+        unverified checkpoint a warning (docs/DESIGN.md invariant 9)."""
+        if st.schema_version(self.conn) < 4:
+            return None
+        checks = [c for c in commit_log.checkpoint_checks(self.conn, sink_id, 1) if c.newest]
+        if not checks:
+            return None
+        c = checks[0]
+        where = f"checkpoint {c.location or '(none given)'}, checked by run {c.run_id}" + (
+            f" at batch {c.batch_id}" if c.batch_id is not None else ""
+        )
+        if c.verdict == "loss":
+            batches = ", ".join(str(b) for b in c.lost)
+            self.warnings.append(
+                Notice(
+                    "error",
+                    f"DATA LOSS: Spark's {where} records batch(es) {batches} as committed, "
+                    "but this database has no decision for them (a failover or a restore "
+                    f"set it back): their rows are not in the table. {c.detail}".strip(),
+                    "re-deliver those batches (README, 'Data loss'), or accept the loss: "
+                    f"sqlsink recover --sink-id {sink_id}, then sqlsink forget --sink-id "
+                    f"{sink_id}",
+                    sink_id,
+                )
+            )
+        elif c.verdict == "unverified":
+            self.warnings.append(
+                Notice(
+                    "warning",
+                    f"the {where} could not be compared with the commit log: {c.detail}",
+                    "make the checkpoint readable by the driver's Python (local, file:, or a "
+                    "pyarrow.fs filesystem); checkpointCheck=require makes this an error",
+                    sink_id,
+                )
+            )
+        return {
+            "run_id": c.run_id,
+            "verdict": c.verdict,
+            "detail": c.detail,
+            "lost": list(c.lost),
+            "location": c.location,
+            "batch_id": c.batch_id,
+            "checked_at": c.checked_at,
+        }
 
     def _prepared_json(
         self,
@@ -336,7 +386,10 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
         doc["other_prepared"] = other_docs
         doc["data_loss"] = [loss_json(s, b, g) for s, b, g in lost]
         doc["warnings"] = [w.as_json() for w in scan.warnings]
-        code = exit_code(scan.warnings, lost=bool(lost))
+        checkpoint_loss = any(
+            (c := s.doc["checkpoint_check"]) is not None and c["verdict"] == "loss" for s in sinks
+        )
+        code = exit_code(scan.warnings, lost=bool(lost) or checkpoint_loss)
         if not out.json_mode:
             out.line()
             meaning = {0: "all well", 1: "warnings (see above)", 3: "DATA LOSS"}

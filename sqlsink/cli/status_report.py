@@ -42,7 +42,7 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
                 " ".join(
                     (["LIVE"] if d["live"] else [])
                     + (["STRANDED"] if any(p["stranded"] for p in d["prepared"]) else [])
-                    + (["DATA LOSS"] if sink.lost else [])
+                    + (["DATA LOSS"] if sink.lost or _checkpoint_loss(d) else [])
                 ),
             ]
         )
@@ -50,8 +50,14 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         out.line(text)
     for sink in sinks:
         d = sink.doc
-        if detailed or d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost:
+        shown = d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost
+        if detailed or shown or _checkpoint_loss(d):
             _print_sink_status(out, sink)
+
+
+def _checkpoint_loss(doc: StatusSinkJson) -> bool:
+    check = doc["checkpoint_check"]
+    return check is not None and check["verdict"] == "loss"
 
 
 def _print_sink_status(out: Output, sink: SinkStatus) -> None:
@@ -68,6 +74,16 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
     if doc["runs"]:
         out.line("  runs:")
         print_runs(out, doc["runs"])
+    check = doc["checkpoint_check"]
+    if check is None:
+        out.line("  checkpoint: not checked yet (a run checks at its first commit)")
+    else:
+        lost = f", lost batches {', '.join(map(str, check['lost']))}" if check["lost"] else ""
+        out.line(
+            f"  checkpoint: {check['verdict']}{lost} ({check['location'] or 'no location'}; "
+            f"run {check['run_id']}, batch {check['batch_id']}, "
+            f"{format_time(check['checked_at'])})"
+        )
     if doc["recent_batches"]:
         out.line("  recent batches:")
         _print_recent(out, doc["recent_batches"])

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -97,6 +100,18 @@ def checks(url: str, sink: str) -> list[commit_log.CheckpointCheckRow]:
         return commit_log.checkpoint_checks(conn, sink)  # type: ignore[arg-type]
 
 
+def status(url: str, sink: str) -> tuple[int, dict[str, Any], str]:
+    """``sqlsink status --json`` for the sink, as the person on call runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sqlsink", "status", "--url", url, "--sink-id", sink, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
 def new_run(writer: Writer) -> Writer:
     """The same query restarted from its checkpoint: a new Spark run id."""
     return replace(writer, run=uuid.uuid4().hex)
@@ -140,6 +155,18 @@ def test_batches_spark_committed_that_the_log_lacks_stop_the_commit(
         5,
     )
     assert row.location == location and "batches 3, 4 in commits/" in row.detail
+
+    # sqlsink status says it too: an error, exit 3 (data loss), and the JSON fields
+    code, doc, _ = status(pg_url, sink)
+    assert code == 3
+    assert doc["sinks"][0]["checkpoint_check"]["verdict"] == "loss"
+    assert doc["sinks"][0]["checkpoint_check"]["lost"] == [3, 4]
+    [error] = [w for w in doc["warnings"] if w["level"] == "error"]
+    assert (
+        "records batch(es) 3, 4 as committed, but this database has no decision"
+        in (error["message"])
+    )
+    assert f"sqlsink forget --sink-id {sink}" in error["fix"]
 
     # every restart stops the same way until someone acts
     with pytest.raises(DataLossError, match="batches 3, 4 as committed"):
@@ -229,6 +256,9 @@ def test_an_unreadable_checkpoint_is_unverified_a_warning_or_with_require_an_err
     assert row.verdict == "unverified" and "is not a directory" in row.detail
     assert "the checkpoint was not compared with the commit log" in caplog.text
     assert "checkpointCheck=require" in caplog.text
+    code, doc, _ = status(pg_url, sink)
+    assert code == 1 and doc["sinks"][0]["checkpoint_check"]["verdict"] == "unverified"
+    assert any("could not be compared" in w["message"] for w in doc["warnings"])
 
     # require: the commit stops before deciding, and the abort rolls the batch back
     required = checkpoint_policy(missing, CheckpointMode.REQUIRE)

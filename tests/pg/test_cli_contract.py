@@ -35,6 +35,7 @@ from sqlsink.cli.contract import (
     RecoverDocument,
     StatusDocument,
 )
+from sqlsink.core.checkpoint_check import Verdict
 from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import sink_lock
@@ -69,7 +70,7 @@ RECOVER_TYPES = {
 STATUS_TYPES = {
     StatusDocument, contract.StatusSinkJson, contract.RecentBatchJson, contract.PreparedJson,
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
-    contract.RunJson,
+    contract.RunJson, contract.CheckpointCheckJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
 FORGET_TYPES = {ForgetDocument}
@@ -180,6 +181,8 @@ def leftovers(db: Db) -> None:
     application's prepared transaction. SINK's run is live (a fresh heartbeat)."""
     with db.connect() as conn:
         commit_log.register_run(conn, SINK, RUN, 300.0, holds_lock=False)
+        verdict = Verdict("verified", "commits/ 0-2 all decided", ())
+        commit_log.record_checkpoint_check(conn, SINK, RUN, 3, "/chk/q", verdict)
     done = prepare(db, SINK, 3, 0, range(0, 2))
     decide(db, SINK, 3, [done], 2, query=QUERY)
     with db.connect() as conn:
