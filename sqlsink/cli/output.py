@@ -25,7 +25,7 @@ from sqlsink.cli.contract import (
     SessionJson,
 )
 from sqlsink.postgres import status as st
-from sqlsink.postgres.connection import redact, secrets_of, shown
+from sqlsink.postgres.connection import redact, secrets_of, shown, without_password
 
 EXIT_OK, EXIT_WARN, EXIT_ERROR, EXIT_LOSS = 0, 1, 2, 3
 
@@ -109,6 +109,19 @@ class Output:
     @property
     def shown_url(self) -> str:
         return self.clean(shown(self.url))
+
+    @property
+    def paste_url(self) -> str:
+        """The URL for a command to paste, quoted for a shell: the password left out,
+        not masked (a masked one cannot be pasted)."""
+        bare, _ = without_password(self.url.removeprefix("jdbc:"))
+        return "'" + self.clean(shown(bare)).replace("'", "'\\''") + "'"
+
+    @property
+    def paste_note(self) -> str:
+        """After a pasteable command: where its password comes from, if one was left out."""
+        _, had = without_password(self.url.removeprefix("jdbc:"))
+        return "  (password: from PGPASSWORD or ~/.pgpass)" if had else ""
 
 
 def json_default(value: object) -> Any:

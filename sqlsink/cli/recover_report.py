@@ -174,7 +174,7 @@ def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice
     """A refusal, a failure, the live runs left alone, the runs fenced, what a dry run
     leaves to do, a data loss."""
     warnings: list[Notice] = []
-    fix_cmd = f"sqlsink recover --url '{out.shown_url}' --sink-id {sink.sink_id}"
+    fix_cmd = f"sqlsink recover --url {out.paste_url} --sink-id {sink.sink_id}{out.paste_note}"
     if sink.status == "refused":
         runs = " ".join(f"--run-id {r.run_id}" for r in sink.treated_live) or "--run-id RUN"
         fix = (

@@ -192,7 +192,9 @@ class StatusScan:
         lost: list[tuple[int, str]],
     ) -> None:
         """Old prepared gids, decisions left incomplete, data loss."""
-        fix_cmd = f"sqlsink recover --url '{self.out.shown_url}' --sink-id {sink_id}"
+        fix_cmd = (
+            f"sqlsink recover --url {self.out.paste_url} --sink-id {sink_id}{self.out.paste_note}"
+        )
         age = format_age(self.max_age)
         # the stranded ones have a warning of their own (_warn_stranded)
         old = [p for p in prepared if p["age_seconds"] > self.max_age and not p["stranded"]]
@@ -235,7 +237,7 @@ class StatusScan:
         mine = [p for p in prepared if p["stranded"]]
         if not mine:
             return
-        url = self.out.shown_url
+        url = self.out.paste_url
         reasons = sorted({stranded[p["gid"]] for p in mine})
         oldest = max(mine, key=lambda p: p["age_seconds"])
         more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
@@ -248,8 +250,8 @@ class StatusScan:
             "blocks VACUUM"
         )
         fix = (
-            f"sqlsink recover --url '{url}' --sink-id {sink_id}  (a query retired for good: "
-            f"then sqlsink forget --url '{url}' --sink-id {sink_id})"
+            f"sqlsink recover --url {url} --sink-id {sink_id}  (a query retired for good: "
+            f"then sqlsink forget --url {url} --sink-id {sink_id}){self.out.paste_note}"
         )
         self.warnings.append(Notice("warning", message, fix, sink_id))
 

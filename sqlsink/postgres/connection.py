@@ -66,6 +66,19 @@ def shown(url: str) -> str:
     return redact(url)
 
 
+def without_password(url: str) -> tuple[str, bool]:
+    """The connection string with any password left out (not masked: a fix line must be
+    pasteable, the password then comes from PGPASSWORD or ~/.pgpass); whether one was."""
+    if "://" in url:
+        bare = re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1@", url)
+        bare = re.sub(r"([?&])password=[^&#]*&?", r"\1", bare, flags=re.IGNORECASE)
+        bare = re.sub(r"[?&]$", "", bare)
+    else:
+        pattern = r"\s*\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"
+        bare = re.sub(pattern, "", url, flags=re.IGNORECASE).strip()
+    return bare, bare != url
+
+
 def redact(url: str) -> str:
     """The connection string with any password replaced by '***'."""
     url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)

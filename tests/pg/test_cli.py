@@ -675,6 +675,10 @@ def test_a_password_never_appears_in_any_output(db: Db) -> None:
         assert PASSWORD not in r.out + r.err
         assert "Traceback" not in r.err
     assert ":***@" in read_only[0].out
+    # a fix line is pasteable: the password left out, not masked (issue 15 item 4)
+    pasteable = f"sqlsink recover --url 'postgresql://postgres@{host}:{port}/{db.name}' --sink-id a"
+    assert pasteable in read_only[2].out
+    assert "(password: from PGPASSWORD or ~/.pgpass)" in read_only[2].out
 
 
 def test_usage_errors_exit_2() -> None:

@@ -6,7 +6,7 @@ import pytest
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id, parse_duration
 from sqlsink.postgres.catalog import TableName
-from sqlsink.postgres.connection import conninfo, redact, scrub
+from sqlsink.postgres.connection import conninfo, redact, scrub, without_password
 
 
 def test_options_are_case_insensitive_with_defaults() -> None:
@@ -87,3 +87,19 @@ def test_sink_id_defaults_to_the_checkpoint_query_id(tmp_path: Path) -> None:
     assert checkpoint_query_id(f"file://{tmp_path}") == "1234-abcd"
     assert checkpoint_query_id(str(tmp_path / "missing")) is None
     assert checkpoint_query_id("s3a://bucket/chk") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "bare"),
+    [
+        ("postgresql://u:p%40ss@h:5/db", "postgresql://u@h:5/db"),
+        ("postgresql://u@h/db?password=x&sslmode=require", "postgresql://u@h/db?sslmode=require"),
+        ("postgresql://h/db?sslmode=require&password=x", "postgresql://h/db?sslmode=require"),
+        ("host=h password='a b' dbname=d", "host=h dbname=d"),
+        ("password=x host=h", "host=h"),
+    ],
+)
+def test_a_fix_line_leaves_the_password_out_instead_of_masking_it(url: str, bare: str) -> None:
+    """Issue 15 item 4: '***' in a command cannot be pasted; no password can."""
+    assert without_password(url) == (bare, True)
+    assert without_password(bare) == (bare, False)
