@@ -11,8 +11,8 @@ import argparse
 from typing import cast
 
 from sqlsink.cli.connect import identify, open_connection
-from sqlsink.cli.contract import CheckDocument, Envelope, FindingJson, FindingLevel
-from sqlsink.cli.output import EXIT_ERROR, EXIT_OK, EXIT_WARN, Output, header, table
+from sqlsink.cli.contract import CheckDocument, Envelope, FindingJson, FindingLevel, NoticeLevel
+from sqlsink.cli.output import EXIT_ERROR, EXIT_OK, EXIT_WARN, Notice, Output, header, table
 from sqlsink.postgres import status as st
 from sqlsink.postgres.checks import Finding
 
@@ -32,6 +32,14 @@ def run(args: argparse.Namespace, out: Output, doc: CheckDocument) -> int:
         doc["server_version"] = me.server_version
         findings = st.run_checks(conn, st.CheckContext(args.trigger_interval))
     doc["findings"] = [_finding_json(f) for f in findings]
+    # the top-level warnings say what made the exit code, as every command's do (issue 15)
+    doc["warnings"] = [
+        Notice(
+            cast(NoticeLevel, f.level), f"{f.setting} = {f.value} ({f.source}): {f.message}", f.fix
+        ).as_json()
+        for f in findings
+        if f.level in ("warning", "error")
+    ]
     levels = {f.level for f in findings}
     code = EXIT_ERROR if "error" in levels else EXIT_WARN if "warning" in levels else EXIT_OK
     if not out.json_mode:

@@ -9,11 +9,13 @@ from sqlsink.cli.output import CliError
 from sqlsink.postgres import appnames
 from sqlsink.postgres import status as st
 from sqlsink.postgres.connection import Connection, connect
+from sqlsink.postgres.schema import sql_dir
 
 SCHEMA_FIX = (
     "the schema is created by the sink's first run (its role needs CREATE on the "
-    "database); or run sql/001_commit_log.sql as the sink's role (sql/setup_role.sql "
-    "sets up a least-privilege role). Check also that --url names the sink's database"
+    f"database); or run the files of {sql_dir()} in order (001_commit_log.sql first) as "
+    "the sink's role (setup_role.sql there sets up a least-privilege role). Check also "
+    "that --url names the sink's database"
 )
 
 

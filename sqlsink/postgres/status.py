@@ -24,7 +24,7 @@ from sqlsink.postgres.checks import Finding, check_server
 from sqlsink.postgres.commit_log import RunInfo, like_prefix, runs, visible_markers
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.locks import lock_ids, try_sink_lock, unlock_sink, wait_sink_lock
-from sqlsink.postgres.schema import installed_version, latest_version
+from sqlsink.postgres.schema import installed_version, latest_version, sql_dir
 
 # the CLI calls these here until status.py is split (issue 17)
 __all__ = ["RunInfo", "runs", "try_sink_lock", "unlock_sink", "visible_markers", "wait_sink_lock"]
@@ -345,8 +345,9 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 "",
                 "the commit log (schema sqlsink) is not installed in this database; the "
                 "sink's first run creates it (its role needs CREATE on the database)",
-                "start the query, or run sql/001_commit_log.sql (and later files) as the "
-                "sink's role; sql/setup_role.sql creates a least-privilege role",
+                f"start the query, or run {sql_dir() / '001_commit_log.sql'} (and the "
+                f"later files there) as the sink's role; {sql_dir() / 'setup_role.sql'} "
+                "creates a least-privilege role",
             )
         ]
     if installed < latest:
@@ -418,7 +419,7 @@ def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
                     f"role {me.role} cannot create the sqlsink schema, and it is not installed: "
                     "the sink fails at its first batch",
                     f"GRANT CREATE ON DATABASE {me.database} TO {me.role}; or run "
-                    "sql/setup_role.sql as a superuser",
+                    f"{sql_dir() / 'setup_role.sql'} as a superuser",
                 )
             )
     else:

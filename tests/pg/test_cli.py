@@ -520,6 +520,12 @@ def test_check_and_recover_as_a_role_without_privileges(db: Db) -> None:
         levels = {f["setting"]: f["level"] for f in check.json["findings"]}
         assert levels["role"] == "info" and levels["sqlsink privileges"] == "error"
         assert levels["prepared transaction owner"] == "warning"
+        # the top-level warnings say what made the exit code (issue 15 item 4)
+        said = {w["level"]: w["message"] for w in check.json["warnings"]}
+        assert said["error"].startswith("sqlsink privileges = ")
+        assert "prepared transaction owner = " in " ".join(
+            w["message"] for w in check.json["warnings"] if w["level"] == "warning"
+        )
 
         denied = sqlsink("recover", "--url", url)
         assert denied.code == 2 and "permission denied" in denied.err
