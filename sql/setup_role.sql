@@ -15,3 +15,14 @@ CREATE SCHEMA IF NOT EXISTS sqlsink AUTHORIZATION :role;
 GRANT USAGE ON SCHEMA public TO :role;
 GRANT SELECT, INSERT ON TABLE :target TO :role;
 -- for mode=upsert with deletes, also: GRANT UPDATE, DELETE ON TABLE :target TO :role;
+-- The commit log's markers: the role deletes those of complete batches (it owns the
+-- schema above; a role that does not needs GRANT SELECT, INSERT, DELETE ON sqlsink.markers).
+--
+-- For the option consistentView (a view that shows readers whole batches only): the sink
+-- creates the view as this role, so the role owns it and readers read the table and the
+-- commit log with its rights. The role then also needs SELECT on the target (above) and
+-- CREATE on the view's schema, best a schema of its own for readers, e.g.:
+--   CREATE SCHEMA IF NOT EXISTS reads AUTHORIZATION :role;   -- consistentView=reads.events
+--   GRANT USAGE ON SCHEMA reads TO <readers>;
+--   ALTER DEFAULT PRIVILEGES FOR ROLE :role IN SCHEMA reads GRANT SELECT ON TABLES TO <readers>;
+-- Readers need nothing else: no privilege on the table, none on sqlsink.

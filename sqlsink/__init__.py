@@ -3,6 +3,11 @@
 import sqlsink
 sqlsink.register(spark)
 events.writeStream.format("sqlsink").option("url", ...).option("table", ...).start()
+
+or, from foreachBatch (several tables, update mode):
+
+writer = sqlsink.ForeachBatchWriter(url=..., sink_id="orders")
+events.writeStream.foreachBatch(writer.to("public.orders")).start()
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from sqlsink.errors import (
     TransientError,
     WriteError,
 )
+from sqlsink.spark.foreach_batch import ForeachBatchWriter
 
 __version__ = "0.1.0"
 
@@ -25,6 +31,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "DataLossError",
+    "ForeachBatchWriter",
     "SinkBindingError",
     "SqlsinkError",
     "TransientError",

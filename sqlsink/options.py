@@ -44,6 +44,7 @@ KNOWN = {
     "runtimeout": "runTimeout",
     "checkpointcheck": "checkpointCheck",
     "keepbatches": "keepBatches",
+    "consistentview": "consistentView",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
     "transactiontimeout": "transactionTimeout",
@@ -110,6 +111,8 @@ class SinkOptions:
     key_columns: tuple[str, ...] = ()  # upsert: () means the table's primary key
     delete_column: str | None = None
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+    # a view of the table that shows whole batches only (docs/DESIGN.md invariant 13)
+    consistent_view: TableName | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -154,6 +157,7 @@ class SinkOptions:
         timeouts = TimeoutPolicy(
             parse_duration("transactionTimeout", timeout) if timeout else None, ratio_value, ignore
         )
+        view = _consistent_view(opts.get("consistentview", ""), table, semantic, mode)
         return cls(
             url=opts["url"],
             table=table,
@@ -172,10 +176,45 @@ class SinkOptions:
             key_columns=keys,
             delete_column=delete_column,
             timeouts=timeouts,
+            consistent_view=view,
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger
         return f"SinkOptions(table={self.table}, sink_id={self.sink_id}, semantic={self.semantic})"
+
+
+def _consistent_view(
+    text: str, table: TableName, semantic: Semantic, mode: Mode
+) -> TableName | None:
+    """The option consistentView: a view name (unqualified: in the table's schema),
+    refused where no view can show whole batches (docs/DESIGN.md invariant 13)."""
+    if not text.strip():
+        return None
+    try:
+        view = TableName.parse(text.strip(), default_schema=table.schema)
+    except ValueError as exc:
+        raise ConfigError(f"option consistentView: {exc}") from None
+    if view == table:
+        raise ConfigError(
+            f"option consistentView: {view} is the target table itself; name a view "
+            "for readers, e.g. consistentView=" + f"{table.name}_whole"
+        )
+    if semantic is not Semantic.EXACTLY_ONCE:
+        raise ConfigError(
+            f"option consistentView needs semantic=exactly_once (it is {semantic.value}): "
+            "with at_least_once or none each partition commits on its own and records "
+            "nothing that tells a whole batch from part of one, so no view can hide a "
+            "batch committed in part. Use semantic=exactly_once, or drop consistentView"
+        )
+    if mode is Mode.UPSERT:
+        raise ConfigError(
+            "option consistentView cannot be used with mode=upsert: the partitions of an "
+            "upsert batch replace and delete rows, and once one of them is committed the "
+            "rows it replaced or deleted are gone, so no view can show the table as it was "
+            "before the batch while the rest commits. Use mode=append (readers then see "
+            "whole batches through the view), or drop consistentView"
+        )
+    return view
 
 
 def checkpoint_query_id(checkpoint: str | None) -> str | None:

@@ -237,6 +237,28 @@ class StatusSinkJson(TypedDict):
     lock_holders: list[SessionJson]
     runs: list[RunJson]  # live runs, runs with prepared transactions, the newest 3
     checkpoint_check: CheckpointCheckJson | None  # the newest run's; None: not checked yet
+    consistent_views: list[ConsistentViewJson]  # the sink's views (option consistentView)
+    hidden_batches: list[HiddenBatchJson]  # what those views hide right now, and why
+
+
+class ConsistentViewJson(TypedDict):
+    """A consistent view of the sink (option consistentView), known by its comment."""
+
+    view: str  # schema.name
+    table: str  # the table it shows, quoted ("schema"."name")
+    owner: str  # the role that owns it: readers read with its rights
+
+
+class HiddenBatchJson(TypedDict):
+    """A batch of the sink committed in part: the bare table shows these partitions, a
+    consistent view hides them until the batch is complete (docs/DESIGN.md invariant 13)."""
+
+    batch_id: int
+    partitions_hidden: int  # committed partitions (their markers are visible)
+    rows_hidden: int
+    partitions: int | None  # the partitions its decision names; null: no decision left
+    prepared: int  # of those, still prepared: their COMMIT PREPARED is awaited
+    reason: str  # why it is not complete, and what finishes it
 
 
 class CheckpointCheckJson(TypedDict):

@@ -14,7 +14,9 @@ from datetime import datetime
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import (
     CheckpointCheckJson,
+    ConsistentViewJson,
     Envelope,
+    HiddenBatchJson,
     OtherPreparedJson,
     PreparedJson,
     RecentBatchJson,
@@ -48,6 +50,7 @@ from sqlsink.core.model import PreparedTransaction
 from sqlsink.core.resolution import Scope
 from sqlsink.postgres import commit_log
 from sqlsink.postgres import status as st
+from sqlsink.postgres import views as pg_views
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
 
@@ -67,6 +70,7 @@ class StatusScan:
     batches: int  # how many recent batches per sink
     sessions: list[st.Session]  # every sqlsink session of the database
     warnings: list[Notice] = field(default_factory=list)
+    views: list[pg_views.ViewInfo] = field(default_factory=list)  # every consistent view
 
     def sink(
         self, sink_id: str, row: st.SinkRow | None, prepared: list[tuple[PreparedTransaction, Gid]]
@@ -87,6 +91,8 @@ class StatusScan:
         self._warn(sink_id, prepared_docs, incomplete, lost)
         self._warn_stranded(sink_id, prepared_docs, stranded)
         check = self._checkpoint_check(sink_id)
+        views = [v for v in self.views if v.sink_id == sink_id]
+        hidden = self._hidden(sink_id, prepared, bool(views))
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
         doc: StatusSinkJson = {
@@ -106,6 +112,8 @@ class StatusScan:
                 run_json(r, counts.get(r.run_id, 0)) for r in shown_runs(runs, counts, NEWEST_SHOWN)
             ],
             "checkpoint_check": check,
+            "consistent_views": [_view_json(v) for v in views],
+            "hidden_batches": hidden,
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
         evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]
@@ -156,6 +164,60 @@ class StatusScan:
             "batch_id": c.batch_id,
             "checked_at": c.checked_at,
         }
+
+    def _hidden(
+        self, sink_id: str, prepared: list[tuple[PreparedTransaction, Gid]], has_view: bool
+    ) -> list[HiddenBatchJson]:
+        """The sink's batches committed in part (invariant 13): what its consistent views
+        hide now, and what a reader of the bare table sees as part of a batch."""
+        found = pg_views.hidden_batches(self.conn, sink_id)
+        if not found:
+            return []
+        pairs = [(sink_id, h.batch_id) for h in found]
+        named = {b: d.gids for (_, b), d in self.backend.decisions(sink_id, pairs).items()}
+        open_gids = {txn.gid for txn, _ in prepared}
+        docs: list[HiddenBatchJson] = []
+        for h in found:
+            waiting = len(named.get(h.batch_id, frozenset()) & open_gids)
+            if h.complete:
+                reason = (
+                    "the batch is complete, but its markers were kept (the sink's role may not "
+                    "DELETE FROM sqlsink.markers): GRANT DELETE ON sqlsink.markers to it; its "
+                    "next commit deletes them"
+                )
+                if has_view:
+                    self.warnings.append(
+                        Notice(
+                            "warning",
+                            f"the consistent view of sink {sink_id} hides batch {h.batch_id}, "
+                            "which is complete: its markers were kept",
+                            "GRANT DELETE ON sqlsink.markers TO the sink's role (the next "
+                            "commit deletes them); or DELETE FROM sqlsink.markers WHERE "
+                            f"sink_id = '{sink_id}' AND batch_id = {h.batch_id}",
+                            sink_id,
+                        )
+                    )
+            elif waiting:
+                reason = (
+                    f"{waiting} partition(s) still prepared: shown once they are committed "
+                    "(by the query's commit, its next run, or sqlsink recover)"
+                )
+            else:
+                reason = (
+                    "its other partitions are neither prepared nor committed: its commit is "
+                    "finishing right now, or they were rolled back (see data loss)"
+                )
+            docs.append(
+                {
+                    "batch_id": h.batch_id,
+                    "partitions_hidden": h.partitions,
+                    "rows_hidden": h.rows,
+                    "partitions": h.of_partitions,
+                    "prepared": waiting,
+                    "reason": reason,
+                }
+            )
+        return docs
 
     def _prepared_json(
         self,
@@ -254,6 +316,10 @@ class StatusScan:
             f"then sqlsink forget --url {url} --sink-id {sink_id}){self.out.paste_note}"
         )
         self.warnings.append(Notice("warning", message, fix, sink_id))
+
+
+def _view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
+    return {"view": str(v.view), "table": v.table, "owner": v.owner}
 
 
 def _recent_json(d: st.DecisionRow) -> RecentBatchJson:
@@ -372,6 +438,7 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
         names = _sink_names(rows, ours, incomplete, args.sink_id, me.database)
         sessions = st.sqlsink_sessions(conn)
         scan = StatusScan(conn, backend, out, now, args.max_age, args.batches, sessions)
+        scan.views = pg_views.find_views(conn)
         header(out, "status", me, f", server time {format_time(now)}")
         sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
         print_status(out, sinks, detailed=args.sink_id is not None)

@@ -50,7 +50,8 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         out.line(text)
     for sink in sinks:
         d = sink.doc
-        shown = d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost
+        shown = bool(d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost)
+        shown = shown or bool(d["hidden_batches"])
         if detailed or shown or _checkpoint_loss(d):
             _print_sink_status(out, sink)
 
@@ -84,6 +85,7 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
             f"run {check['run_id']}, batch {check['batch_id']}, "
             f"{format_time(check['checked_at'])})"
         )
+    _print_views(out, doc)
     if doc["recent_batches"]:
         out.line("  recent batches:")
         _print_recent(out, doc["recent_batches"])
@@ -92,6 +94,30 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
         _print_prepared(out, doc["prepared"])
     else:
         out.line("  open prepared transactions: none")
+
+
+def _print_views(out: Output, doc: StatusSinkJson) -> None:
+    """The sink's consistent views, and the batches committed in part: hidden by them,
+    part-visible in the bare table (docs/DESIGN.md invariant 13)."""
+    hidden = doc["hidden_batches"]
+    for view in doc["consistent_views"]:
+        what = f"hides {len(hidden)} batch(es)" if hidden else "hides nothing now"
+        out.line(
+            f"  consistent view: {view['view']} of table {view['table']} "
+            f"(owner {view['owner']}): {what}"
+        )
+    if not hidden:
+        return
+    if doc["consistent_views"]:
+        out.line("  hidden by the view (committed in part; the bare table shows these):")
+    else:
+        out.line("  committed in part (the table shows part of these batches):")
+    for h in hidden:
+        of = "?" if h["partitions"] is None else str(h["partitions"])
+        out.line(
+            f"    batch {h['batch_id']}: {h['partitions_hidden']} of {of} partitions, "
+            f"{h['rows_hidden']:,} rows: {h['reason']}"
+        )
 
 
 def _print_recent(out: Output, recent: list[RecentBatchJson]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -55,10 +55,20 @@ class TwoPhaseBackend(Protocol):
         ...
 
     def register_run(
-        self, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+        self,
+        sink_id: str,
+        run_id: str,
+        live_for_s: float,
+        *,
+        holds_lock: bool,
+        admit: Callable[[Binding | None, int | None], None] | None = None,
     ) -> str | None:
         """Record the run (heartbeat; the first sight of a run id supersedes every other
-        run of the sink). Returns the run that fenced this one, None if it is the newest."""
+        run of the sink). Returns the run that fenced this one, None if it is the newest.
+
+        ``admit(binding, highest)`` is called with the sink's row locked, in the same
+        transaction as the registration: when it raises, nothing is recorded (a writer
+        the sink refuses must never supersede its owner's run)."""
         ...
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
@@ -105,4 +115,14 @@ class TwoPhaseBackend(Protocol):
     def prune_decisions(self, sink_id: str, through: int) -> int:
         """Delete the sink's complete decisions of batches up to ``through`` and record
         ``pruned_through``; incomplete ones stay. Returns how many were deleted."""
+        ...
+
+
+class ViewKeeper(Protocol):
+    """The consistent view of a sink's table (option consistentView, docs/DESIGN.md
+    invariant 13): kept by the committer under the sink lock, before each decision."""
+
+    def keep(self, sink_id: str) -> None:
+        """Create the view when missing, replace it when it is the sink's own and out of
+        date; refuse (ConfigError) an object of that name that is not the sink's."""
         ...

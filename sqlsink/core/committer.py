@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlsink.core.backend import TwoPhaseBackend
+from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
 from sqlsink.core.checkpoint_check import CheckpointCheck
 from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
@@ -75,6 +75,7 @@ class Committer:
         run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
         keep_batches: int = DEFAULT_KEEP_BATCHES,
         checkpoint_check: CheckpointCheck | None = None,
+        view: ViewKeeper | None = None,
     ) -> None:
         self.backend = backend
         self.sink_id = sink_id
@@ -84,14 +85,27 @@ class Committer:
         self.keep_batches = max(1, keep_batches)  # the highest decided batch always stays
         # a stream's checkpoint against the log (invariant 9), at commits only
         self.checkpoint_check = checkpoint_check
+        # the consistent view (invariant 13): made right before a batch can become visible
+        self.view = view
 
-    def register(self, run_id: str | None, *, holds_lock: bool) -> None:
-        """Record the run (invariant 10); a FencedError when a newer run superseded it."""
+    def register(
+        self, run_id: str | None, *, holds_lock: bool, writer: Binding | None = None
+    ) -> None:
+        """Record the run (invariant 10); a FencedError when a newer run superseded it.
+
+        With ``writer``: the binding check and the registration are one step (the sink's
+        row locked), so a writer the sink refuses never supersedes the owner's run, even
+        when the owner's first decision lands just before (found by tests/sim)."""
         if run_id is None:
             return
         sink_id = self._sink()
+
+        def admit(bound: Binding | None, highest: int | None) -> None:
+            if writer is not None:
+                check_binding(sink_id, bound, highest, writer)
+
         fenced_by = self.backend.register_run(
-            sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock
+            sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock, admit=admit
         )
         if fenced_by is not None:
             raise fenced_error(sink_id, run_id, fenced_by)
@@ -136,13 +150,16 @@ class Committer:
                 self.backend.highest_decided(sink_id),
                 writer,
             )
-        self.register(run_id, holds_lock=False)
+        self.register(run_id, holds_lock=False, writer=writer)
         with self.backend.sink_lock(sink_id):
             self.check_writer(writer, batch_id)
             self.register(run_id, holds_lock=True)
             if self.checkpoint_check is not None and run_id is not None and not load:
                 # before deciding: batches Spark committed that the log lacks stop here
                 self.checkpoint_check.at_commit(sink_id, run_id, batch_id)
+            if self.view is not None:
+                # before anything of the batch is committed: a refusal rolls it back
+                self.view.keep(sink_id)
             decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get(
                 (sink_id, batch_id)
             )
@@ -296,6 +313,9 @@ class Committer:
     def resolve_leftovers(self, run_id: str, batch_id: int) -> ResolutionReport:
         """Before a task of a live run writes: resolve what dead runs left (their locks)."""
         with self.backend.sink_lock(self._sink()):
+            # fenced while it waited for the lock? then "live" would mean the old run, and
+            # the newest run's in-flight gids would be swept (found by tests/sim)
+            self.register(run_id, holds_lock=True)
             return self._resolve(Scope.live(run_id, batch_id), dry_run=False)[1]
 
     def plan(self, scope: Scope) -> Plan:

@@ -1,6 +1,15 @@
 """The global transaction id of one partition's prepared transaction.
 
-    sqlsink_<sink id>_<batch>_<partition>_<run>_<attempt>
+    sqlsink_<sink id>_<batch>_<partition>_<run>_<attempt>            part 0
+    sqlsink_<sink id>_<batch>_<partition>_<run>_<attempt>_p<part>    part 1 .. 999
+
+The part is which DataFrame (or table) of a batch the partition belongs to: a
+batch of the foreachBatch writer can write several (``ForeachBatchWriter.batch``),
+each a Spark job of its own whose partitions are numbered from 0 again. Part 0
+keeps the original six-field form, so every gid written before parts existed,
+and every gid of the data source (always part 0), reads the same as before; a
+part above 0 adds a seventh field. Each gid has exactly one spelling (``_p0`` is
+not ours). All parts of a batch are one batch: one decision names them all.
 
 The sink id (letters, digits, '-') and the run id (a Spark run id, a uuid) hold no
 underscore, so the six fields split unambiguously. The run id and the task attempt
@@ -24,6 +33,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
 BIGINT_MAX = 2**63 - 1  # batch and attempt live in bigint columns of the commit log
 INTEGER_MAX = 2**31 - 1  # the partition in an integer column
+MAX_PART = 999  # so that the longest gid still fits MAX_GID_BYTES
+_PART = re.compile(r"p([1-9][0-9]{0,2})")
 
 
 def check_sink_id(sink_id: str) -> str:
@@ -43,6 +54,7 @@ class Gid:
     partition_id: int
     run_id: str
     attempt_id: int
+    part: int = 0  # which DataFrame of the batch (0: the only one, or the first)
 
     def __post_init__(self) -> None:
         check_sink_id(self.sink_id)
@@ -52,19 +64,28 @@ class Gid:
             raise ConfigError(f"negative number in transaction id fields: {self!r}")
         if max(self.batch_id, self.attempt_id) > BIGINT_MAX or self.partition_id > INTEGER_MAX:
             raise ConfigError(f"number out of range in transaction id fields: {self!r}")
+        if not 0 <= self.part <= MAX_PART:
+            raise ConfigError(f"part {self.part} of a batch is out of range 0..{MAX_PART}")
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{PREFIX}_{self.sink_id}_{self.batch_id}_{self.partition_id}"
             f"_{self.run_id}_{self.attempt_id}"
         )
+        return f"{text}_p{self.part}" if self.part else text
 
     @classmethod
     def parse(cls, text: str) -> Gid | None:
         """The Gid that ``text`` names, or None for anything that is not exactly one of ours."""
         parts = text.split("_")
-        if len(parts) != 6 or parts[0] != PREFIX or len(text.encode()) > MAX_GID_BYTES:
+        if len(parts) not in (6, 7) or parts[0] != PREFIX or len(text.encode()) > MAX_GID_BYTES:
             return None
+        part = 0
+        if len(parts) == 7:
+            match = _PART.fullmatch(parts.pop())
+            if match is None:
+                return None
+            part = int(match.group(1))
         _, sink_id, batch, partition, run_id, attempt = parts
         if not (_SINK_ID.fullmatch(sink_id) and _RUN_ID.fullmatch(run_id)):
             return None
@@ -73,7 +94,7 @@ class Gid:
         numbers = int(batch), int(partition), int(attempt)
         if max(numbers[0], numbers[2]) > BIGINT_MAX or numbers[1] > INTEGER_MAX:
             return None  # a look-alike: ours always fit the commit log's columns
-        return cls(sink_id, numbers[0], numbers[1], run_id, numbers[2])
+        return cls(sink_id, numbers[0], numbers[1], run_id, numbers[2], part)
 
     @staticmethod
     def sink_prefix(sink_id: str) -> str:

@@ -33,9 +33,11 @@ class TaskIdentity:
     attempt_id: int  # Spark's taskAttemptId: unique within a run
     attempt_number: int  # Spark's attemptNumber: 0 for a task's first attempt
     query_id: str | None
+    part: int = 0  # which DataFrame of the batch (the foreachBatch writer's batch())
 
     def where(self) -> str:
-        return f"sink {self.sink_id}, batch {self.batch_id}, partition {self.partition_id}"
+        part = f", part {self.part}" if self.part else ""
+        return f"sink {self.sink_id}, batch {self.batch_id}{part}, partition {self.partition_id}"
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,9 @@ class Start:
 
 def task_gid(task: TaskIdentity) -> Gid:
     """The gid of this task attempt's transaction."""
-    return Gid(task.sink_id, task.batch_id, task.partition_id, task.run_id, task.attempt_id)
+    return Gid(
+        task.sink_id, task.batch_id, task.partition_id, task.run_id, task.attempt_id, task.part
+    )
 
 
 class Participant:
@@ -85,7 +87,7 @@ class Participant:
         committer = Committer(
             self.backend, task.sink_id, timeouts=self.timeouts, run_timeout_s=self.run_timeout_s
         )
-        committer.register(task.run_id, holds_lock=False)
+        committer.register(task.run_id, holds_lock=False, writer=Binding.of(task.query_id))
         if state.decided:
             return Start(skip=True)
         scope = Scope.live(task.run_id, task.batch_id)
@@ -104,7 +106,7 @@ class Participant:
         return state
 
     def _earlier_attempt(self, gids: list[Gid]) -> str | None:
-        """Invariant 12: an attempt of this very task (run, batch, partition) that reached
+        """Invariant 12: an attempt of this very task (run, batch, part, partition) that reached
         PREPARE holds a complete output of the partition, and Spark takes any one
         attempt's output. Adopting it, instead of writing again behind its row locks,
         is what lets a retry after a failure past PREPARE make progress, and a
@@ -113,8 +115,8 @@ class Participant:
         mine = [
             g
             for g in gids
-            if (g.run_id, g.batch_id, g.partition_id)
-            == (task.run_id, task.batch_id, task.partition_id)
+            if (g.run_id, g.batch_id, g.part, g.partition_id)
+            == (task.run_id, task.batch_id, task.part, task.partition_id)
             and g.attempt_id != task.attempt_id
         ]
         return str(min(mine, key=lambda g: g.attempt_id)) if mine else None

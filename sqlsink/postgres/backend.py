@@ -4,7 +4,7 @@ the sink lock and the server's prepared transactions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 
 import psycopg
@@ -84,11 +84,17 @@ class PostgresBackend:
         return commit_log.attempt_fate(self.conn, sink_id, run_id, batch_id, gid)
 
     def register_run(
-        self, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+        self,
+        sink_id: str,
+        run_id: str,
+        live_for_s: float,
+        *,
+        holds_lock: bool,
+        admit: Callable[[Binding | None, int | None], None] | None = None,
     ) -> str | None:
         with self.standby.bounded(f"recording run {run_id} of sink {sink_id}", sink=sink_id):
             return commit_log.register_run(
-                self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock
+                self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock, admit=admit
             )
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:

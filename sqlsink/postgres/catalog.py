@@ -28,8 +28,9 @@ class TableName:
     name: str
 
     @classmethod
-    def parse(cls, text: str) -> TableName:
-        """'public.events', 'events' or '"My Schema"."My Table"' (quotes keep case and dots)."""
+    def parse(cls, text: str, default_schema: str = "public") -> TableName:
+        """'public.events', 'events' or '"My Schema"."My Table"' (quotes keep case and dots);
+        an unqualified name is in ``default_schema``."""
         parts: list[str] = []
         current, quoted, i = "", False, 0
         while i < len(text):
@@ -56,7 +57,7 @@ class TableName:
                 f"invalid table name {text!r}: use 'table', 'schema.table' or "
                 '\'"Schema"."Table"\' for names with capitals, dots or quotes'
             )
-        return cls("public", parts[0]) if len(parts) == 1 else cls(parts[0], parts[1])
+        return cls(default_schema, parts[0]) if len(parts) == 1 else cls(parts[0], parts[1])
 
     def identifier(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.name)

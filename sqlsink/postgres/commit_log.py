@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,7 +31,8 @@ def warn_markers_kept() -> None:
     """Once per process: every later batch would say the same."""
     log.warning(
         "sqlsink: this role may not DELETE FROM sqlsink.markers, so the markers "
-        "of complete batches are kept (harmless, but the table grows): "
+        "of complete batches are kept (the table grows, and a consistent view of the "
+        "sink, option consistentView, would hide those batches): "
         "GRANT DELETE ON sqlsink.markers TO the sink's role"
     )
 
@@ -104,13 +105,37 @@ def attempt_fate(conn: Connection, sink_id: str, run_id: str, batch_id: int, gid
 
 
 def register_run(
-    conn: Connection, sink_id: str, run_id: str, live_for_s: float, *, holds_lock: bool
+    conn: Connection,
+    sink_id: str,
+    run_id: str,
+    live_for_s: float,
+    *,
+    holds_lock: bool,
+    admit: Callable[[Binding | None, int | None], None] | None = None,
 ) -> str | None:
-    """Record the run (fencing token, heartbeat); the run that fenced it, if it is fenced."""
-    row = conn.execute(
-        "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)",
-        (sink_id, run_id, live_for_s, holds_lock),
-    ).fetchone()
+    """Record the run (fencing token, heartbeat); the run that fenced it, if it is fenced.
+    ``admit(binding, highest)`` runs first with the sink's row locked, in the same
+    transaction: when it raises, nothing is recorded."""
+    register = "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)"
+    args = (sink_id, run_id, live_for_s, holds_lock)
+    if admit is None:
+        row = conn.execute(register, args).fetchone()
+    else:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO sqlsink.sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                (sink_id,),
+            )
+            bound_row = conn.execute(
+                "SELECT s.writer, s.query_id, (SELECT max(batch_id) FROM sqlsink.decisions d "
+                "                              WHERE d.sink_id = s.sink_id) "
+                "FROM sqlsink.sinks s WHERE s.sink_id = %s FOR UPDATE",
+                (sink_id,),
+            ).fetchone()
+            assert bound_row is not None
+            writer, query_id, highest = bound_row
+            admit(_binding(writer, query_id), None if highest is None else int(highest))
+            row = conn.execute(register, args).fetchone()
     return None if row is None or row[0] is None else str(row[0])
 
 
@@ -347,22 +372,31 @@ def visible_markers(conn: Connection, gids: Collection[str]) -> set[str]:
 
 
 def mark_complete(conn: Connection, sink_id: str, batch_ids: Collection[int]) -> None:
-    done = conn.execute(
-        "UPDATE sqlsink.decisions SET completed_at = clock_timestamp() "
-        "WHERE sink_id = %s AND batch_id = ANY(%s) AND completed_at IS NULL "
-        "RETURNING batch_id",
-        (sink_id, list(batch_ids)),
-    ).fetchall()
-    if not done:
-        return
-    # markers are read only to verify the gids of incomplete decisions: once a batch
-    # is complete its markers go, so the commit log grows by one row per batch only
-    try:
-        conn.execute(
-            "DELETE FROM sqlsink.markers WHERE sink_id = %s AND batch_id = ANY(%s)",
-            (sink_id, [row[0] for row in done]),
-        )
-    except psycopg.errors.InsufficientPrivilege:
+    """The batches are complete: say so, and delete their markers in the same
+    transaction. Markers are read only to verify the gids of incomplete decisions, so
+    once a batch is complete they go, and the commit log grows by one row per batch
+    only. The consistent view shows a batch exactly when its markers are gone
+    (invariant 13): one DELETE, so a reader sees all of them or none, and never the
+    completion without the deletion (a crash between the two would hide the batch
+    from the view for good)."""
+    kept = False
+    with conn.transaction():
+        done = conn.execute(
+            "UPDATE sqlsink.decisions SET completed_at = clock_timestamp() "
+            "WHERE sink_id = %s AND batch_id = ANY(%s) AND completed_at IS NULL "
+            "RETURNING batch_id",
+            (sink_id, list(batch_ids)),
+        ).fetchall()
+        if done:
+            try:
+                with conn.transaction():  # a savepoint: a refusal keeps the completion
+                    conn.execute(
+                        "DELETE FROM sqlsink.markers WHERE sink_id = %s AND batch_id = ANY(%s)",
+                        (sink_id, [row[0] for row in done]),
+                    )
+            except psycopg.errors.InsufficientPrivilege:
+                kept = True
+    if kept:
         warn_markers_kept()
 
 

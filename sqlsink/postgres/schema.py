@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders, take_schema_lock
 
+log = logging.getLogger("sqlsink")
+
 _MIGRATION = re.compile(r"(\d{3})_[a-z0-9_]+\.sql")
+# a migration that must lock a table which prepared partition transactions hold says so
+# on a line of its own ("-- lock: sqlsink.markers"): it is applied only when that lock is
+# free at once, else deferred (see ensure_schema)
+_LOCKS = re.compile(r"^-- lock: (sqlsink\.[a-z_]+)\s*$", re.MULTILINE)
 
 
 def sql_dir() -> Path:
@@ -56,12 +65,18 @@ _COMMIT_LOG = (
 
 
 def ensure_schema(conn: Connection) -> int:
-    """Install or migrate the schema; return its version. Cheap when up to date.
+    """Install or migrate the schema; return the version now installed. Cheap when up
+    to date.
 
     A migration waits for its locks at most ``MIGRATION_LOCK_TIMEOUT_S``: behind a
     long transaction on the commit log it gives up, names the holder and changes
-    nothing (docs/DESIGN.md invariant 11). Migrations never lock ``markers``, which
-    prepared leftovers hold until they are resolved.
+    nothing (docs/DESIGN.md invariant 11). ``markers`` is never waited for: prepared
+    leftovers hold it until they are resolved, and resolving them needs the sink to
+    run. A migration that must lock it (a ``-- lock: sqlsink.markers`` line) is applied
+    only when the lock is free at once; otherwise it and every later one are deferred
+    to the next call, and the version returned is below ``latest_version()`` (the sink
+    runs on the older version meanwhile; ``ensure_schema_version`` waits, bounded, for
+    what an option needs).
     """
     try:
         if installed_version(conn) >= latest_version():
@@ -75,8 +90,19 @@ def ensure_schema(conn: Connection) -> int:
             take_schema_lock(conn)
             current = installed_version(conn)
             for version, path in migrations():
-                if version > current:
-                    conn.execute(path.read_text(encoding="utf-8").encode())
+                if version <= current:
+                    continue
+                text = path.read_text(encoding="utf-8")
+                if not _lock_at_once(conn, _LOCKS.findall(text)):
+                    log.info(
+                        "sqlsink: the commit log's upgrade to version %d waits until no "
+                        "transaction holds sqlsink.markers (prepared partitions do until "
+                        "they are finished); it is tried again at the next batch",
+                        version,
+                    )
+                    break
+                conn.execute(text.encode())
+                current = version
     except psycopg.errors.LockNotAvailable:
         raise _blocked(conn, latest_version()) from None
     except psycopg.errors.InsufficientPrivilege as exc:
@@ -85,7 +111,56 @@ def ensure_schema(conn: Connection) -> int:
             f"{exc.diag.message_primary}. Run sql/setup_role.sql as a superuser or grant "
             "this role CREATE on the database (GRANT CREATE ON DATABASE <db> TO <role>)",
         ) from None
-    return latest_version()
+    return current
+
+
+def _lock_at_once(conn: Connection, tables: list[str]) -> bool:
+    """Take these tables' ACCESS EXCLUSIVE locks if nobody holds them; else take none."""
+    if not tables:
+        return True
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the migration's transaction
+            for table in tables:
+                schema, name = table.split(".")
+                conn.execute(
+                    sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE NOWAIT").format(
+                        sql.Identifier(schema, name)
+                    )
+                )
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
+
+
+def ensure_schema_version(
+    conn: Connection, version: int, *, why: str, timeout_s: float = MIGRATION_LOCK_TIMEOUT_S
+) -> None:
+    """At least ``version`` installed, for a feature that needs it (``why`` names it):
+    a deferred migration is tried again every 100 ms (never queued behind the holders,
+    so that no partition waits on it) for at most ``timeout_s``, then refused naming
+    who holds ``sqlsink.markers`` and the fix."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        installed = ensure_schema(conn)
+        if installed >= version:
+            return
+        if time.monotonic() >= deadline:
+            holders = relation_lock_holders(conn, ["sqlsink.markers"])
+            prepared = [h for h in holders if h.gid is not None]
+            fix = (
+                "finish the prepared transactions: sqlsink recover (a running query's "
+                "own are finished by its next batch), then start again"
+                if prepared
+                else "start again when those transactions have finished"
+            )
+            raise ConfigError(
+                f"{why} needs the commit log at version {version} (it is at {installed}): "
+                "the upgrade adds a column to sqlsink.markers, which stayed in use for "
+                f"{timeout_s:.0f} s by {describe_holders(holders) if holders else 'others'}. "
+                f"Nothing was written. Fix: {fix}",
+                version=version,
+            )
+        time.sleep(0.1)
 
 
 def _blocked(conn: Connection, version: int) -> ConfigError:

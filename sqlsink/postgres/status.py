@@ -19,7 +19,7 @@ from datetime import datetime
 import psycopg
 
 from sqlsink.core.model import PreparedTransaction
-from sqlsink.postgres import appnames
+from sqlsink.postgres import appnames, views
 from sqlsink.postgres.checks import Finding, check_server
 from sqlsink.postgres.commit_log import RunInfo, like_prefix, runs, visible_markers
 from sqlsink.postgres.connection import Connection
@@ -358,7 +358,9 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
                 f"version {installed}",
                 "",
                 f"the commit log is at version {installed}; this sqlsink uses {latest} and "
-                "migrates it at the sink's next start",
+                "migrates it at the sink's next start (a step that alters sqlsink.markers "
+                "waits until no prepared transaction holds it: sqlsink recover finishes "
+                "leftovers)",
             )
         ]
     if installed > latest:
@@ -498,10 +500,57 @@ def check_settings(conn: Connection, ctx: CheckContext) -> list[Finding]:
     return check_server(conn, trigger_interval_s=ctx.trigger_interval_s)
 
 
+def check_consistent_views(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    """Each consistent view (option consistentView) reads the table and sqlsink.markers
+    with its owner's rights, and shows a batch once its markers are deleted: its owner
+    (the sink's role) needs SELECT on both and DELETE on the markers."""
+    if (readable_version(conn) or 0) < views.SCHEMA_VERSION:
+        return []
+    out = []
+    for view in views.find_views(conn):
+        needs = {"sqlsink.markers": ("SELECT", "DELETE"), view.table: ("SELECT",)}
+        lacking = [
+            f"{privilege} ON {table}"
+            for table, privileges in needs.items()
+            for privilege in privileges
+            if not _true(
+                conn,
+                "SELECT to_regclass(%s) IS NOT NULL AND has_table_privilege(%s, %s, %s)",
+                (table, view.owner, table, privilege),
+            )
+        ]
+        name = f"consistent view {view.view}"
+        if lacking:
+            out.append(
+                Finding(
+                    "error",
+                    name,
+                    f"sink {view.sink_id}",
+                    "",
+                    f"its owner {view.owner} lacks {'; '.join(lacking)}: the view fails for "
+                    "its readers, or (without DELETE) hides complete batches for good",
+                    f"GRANT {', '.join(lacking)} TO {view.owner}",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "ok",
+                    name,
+                    f"sink {view.sink_id}",
+                    "",
+                    f"shows whole batches of {view.table}; readers need SELECT on the view "
+                    f"and USAGE on schema {view.view.schema} only (it reads as {view.owner})",
+                )
+            )
+    return out
+
+
 CHECKS: list[Callable[[Connection, CheckContext], list[Finding]]] = [
     check_settings,
     check_schema,
     check_privileges,
+    check_consistent_views,
 ]
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -13,6 +14,9 @@ from sqlsink.options import Mode, SinkOptions
 from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns, unique_keys
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.upsert import BOOL_OID, UpsertPlan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,13 @@ def plan_target(
     options: SinkOptions,
     field_names: Sequence[str],
     create_columns: Sequence[sa.Column[object]] | None,
-    type_problems: Callable[[list[tuple[str, TargetColumn]]], list[str]] | None = None,
+    arrow_schema: pa.Schema | None = None,
 ) -> TargetPlan:
     """Match the DataFrame's columns to the table's, creating the table if asked and missing.
 
-    Every problem (columns, keys, and the types ``type_problems`` finds for each matched
-    (DataFrame column, table column) pair) is reported at once, before anything is written.
+    Every problem (columns, keys, and, given the DataFrame's ``arrow_schema``, each matched
+    (DataFrame column, table column) pair the encoder cannot write) is reported at once,
+    before anything is written.
     """
     table = options.table
     columns = table_columns(conn, table)
@@ -84,14 +89,27 @@ def plan_target(
     if options.mode is Mode.UPSERT:
         upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
         problems += more
-    if type_problems is not None:
-        problems += type_problems(pairs)
+    if arrow_schema is not None:
+        problems += _type_problems(arrow_schema, pairs)
     if problems:
         raise ConfigError(
             f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
             "select/rename the DataFrame's columns to the table's, or alter the table"
         )
     return TargetPlan(table, tuple(matched), upsert)
+
+
+def _type_problems(arrow_schema: pa.Schema, pairs: list[tuple[str, TargetColumn]]) -> list[str]:
+    """Each (DataFrame column, table column) pair the encoder cannot write, with its fix."""
+    from sqlsink.postgres.encoding import build_encoder
+
+    problems = []
+    for name, column in pairs:
+        try:
+            build_encoder([arrow_schema.field(name)], [column])
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _plan_upsert(

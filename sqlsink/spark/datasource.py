@@ -37,7 +37,6 @@ from pyspark.sql.types import StructType
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
-from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.target import TargetPlan
 
 log = logging.getLogger("sqlsink")
@@ -62,6 +61,11 @@ class SqlsinkDataSource(DataSource):
                 "mode=upsert say how rows are written), and truncate the table first if needed"
             )
         options = SinkOptions.parse(dict(self.options))
+        if options.consistent_view is not None and not options.sink_id:
+            raise ConfigError(
+                "option consistentView on a batch load needs the option sinkId: a load "
+                "without one gets a new sink id every time, and the view belongs to one sink"
+            )
         run_id = uuid.uuid4().hex
         sink_id = options.sink_id or f"load-{run_id[:16]}"
         return SqlsinkBatchWriter(options, schema, sink_id, run_id, one_off=not options.sink_id)
@@ -72,11 +76,15 @@ class SqlsinkDataSource(DataSource):
         return SqlsinkStreamWriter(options, schema, sink_id)
 
 
-def _plan_target(options: SinkOptions, schema: StructType, key: str) -> TargetPlan:
-    from sqlsink.postgres import appnames
+def _plan_target(
+    options: SinkOptions, schema: StructType, key: str, sink_id: str | None = None
+) -> TargetPlan:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from sqlsink.postgres import appnames, views
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.connection import connect
-    from sqlsink.postgres.schema import ensure_schema
+    from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
     from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import table_columns
 
@@ -89,27 +97,17 @@ def _plan_target(options: SinkOptions, schema: StructType, key: str) -> TargetPl
             exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
         )
         ensure_schema(conn)
+        view = options.consistent_view
+        if view is not None:  # the tasks' markers must record their xid (schema 5)
+            why = f"option consistentView={view}"
+            ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
         create = table_columns(schema) if options.create_table else None
-        return plan_target(
-            conn, options, schema.fieldNames(), create, lambda pairs: type_problems(schema, pairs)
-        )
-
-
-def type_problems(schema: StructType, pairs: list[tuple[str, TargetColumn]]) -> list[str]:
-    """Each (DataFrame column, table column) pair the encoder cannot write, with its fix."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from sqlsink.postgres.encoding import build_encoder
-
-    # the zone only labels timestamps here; which one does not change what can be encoded
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    problems = []
-    for name, column in pairs:
-        try:
-            build_encoder([arrow_schema.field(name)], [column])
-        except ConfigError as exc:
-            problems.append(str(exc))
-    return problems
+        # the zone only labels timestamps here; which one does not change what can be encoded
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        plan = plan_target(conn, options, schema.fieldNames(), create, arrow_schema)
+        if view is not None:  # refusals before any data; the committer creates the view
+            views.check_before_writing(conn, view, options.table, sink_id)
+        return plan
 
 
 class _SinkWriter:
@@ -138,7 +136,7 @@ class _SinkWriter:
     @property
     def target(self) -> TargetPlan:
         if self._target is None:
-            self._target = _plan_target(self.options, self.schema, self.check_key)
+            self._target = _plan_target(self.options, self.schema, self.check_key, self.sink_id)
         return self._target
 
     def __getstate__(self) -> dict[str, Any]:
@@ -148,26 +146,13 @@ class _SinkWriter:
     def _write(
         self, iterator: Iterator[Any], batch_id: int, run_id: str, query_id: str | None
     ) -> SqlsinkCommitMessage:
-        from pyspark import TaskContext
-
-        from sqlsink.core.model import TaskIdentity
         from sqlsink.postgres.partition import write_partition
+        from sqlsink.spark.task import current_task
 
-        ctx = TaskContext.get()
-        if ctx is None:
-            raise ConfigError("sqlsink: write() called outside a Spark task")
         sink_id = self.sink_id or query_id
         if sink_id is None:
             raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
-        task = TaskIdentity(
-            sink_id=sink_id,
-            batch_id=batch_id,
-            partition_id=ctx.partitionId(),
-            run_id=run_id,
-            attempt_id=ctx.taskAttemptId(),
-            attempt_number=ctx.attemptNumber(),
-            query_id=query_id,
-        )
+        task = current_task(sink_id, batch_id, run_id, query_id)
         return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
 
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
@@ -318,6 +303,7 @@ class _CommitterSession:
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
         from sqlsink.postgres.connection import connect
+        from sqlsink.postgres.views import ConsistentView
 
         self.conn = connect(
             self.options.url,
@@ -329,6 +315,7 @@ class _CommitterSession:
         if self.check_checkpoint:
             policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
             check = CheckpointCheck(backend, policy)
+        view = self.options.consistent_view
         return Committer(
             backend,
             self.sink_id,
@@ -336,6 +323,7 @@ class _CommitterSession:
             run_timeout_s=self.options.run_timeout_s,
             keep_batches=self.options.keep_batches,
             checkpoint_check=check,
+            view=None if view is None else ConsistentView(backend, view, self.options.table),
         )
 
     def __exit__(self, *exc: object) -> None:

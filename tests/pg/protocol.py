@@ -24,6 +24,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.partition import write_partition
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import TargetPlan, plan_target
+from sqlsink.postgres.views import ConsistentView
 from tests.fix_pg import forget_sink
 
 
@@ -70,12 +71,15 @@ class Writer:
     def committer(self) -> Iterator[Committer]:
         options = self.options
         with psycopg.connect(self.url, autocommit=True) as conn:
+            backend = PostgresBackend(conn, options.lock_timeout_s)  # type: ignore[arg-type]
+            view = options.consistent_view  # kept as the Spark adapter's commit keeps it
             yield Committer(
-                PostgresBackend(conn, options.lock_timeout_s),  # type: ignore[arg-type]
+                backend,
                 self.sink,
                 timeouts=options.timeouts,
                 run_timeout_s=options.run_timeout_s,
                 keep_batches=options.keep_batches,
+                view=None if view is None else ConsistentView(backend, view, options.table),
             )
 
     def commit(self, batch: int, outcomes: list[PartitionOutcome | None]) -> ResolutionReport:

@@ -36,8 +36,9 @@ from sqlsink.cli.contract import (
     StatusDocument,
 )
 from sqlsink.core.checkpoint_check import Verdict
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import commit_log, views
 from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.locks import sink_lock
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
@@ -70,7 +71,8 @@ RECOVER_TYPES = {
 STATUS_TYPES = {
     StatusDocument, contract.StatusSinkJson, contract.RecentBatchJson, contract.PreparedJson,
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
-    contract.RunJson, contract.CheckpointCheckJson,
+    contract.RunJson, contract.CheckpointCheckJson, contract.ConsistentViewJson,
+    contract.HiddenBatchJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
 FORGET_TYPES = {ForgetDocument}
@@ -176,9 +178,10 @@ def db(pg_server: PgServer) -> Iterator[Db]:
 
 
 def leftovers(db: Db) -> None:
-    """Batch 3 of SINK complete; batch 4 decided, with an orphan attempt; batch 5
-    undecided. LOSSY's batch 2 decided, one of its gids rolled back by someone. Another
-    application's prepared transaction. SINK's run is live (a fresh heartbeat)."""
+    """Batch 3 of SINK complete; batch 4 decided, one of its gids committed (its consistent
+    view hides it), with an orphan attempt; batch 5 undecided. LOSSY's batch 2 decided,
+    one of its gids rolled back by someone. Another application's prepared transaction.
+    SINK's run is live (a fresh heartbeat)."""
     with db.connect() as conn:
         commit_log.register_run(conn, SINK, RUN, 300.0, holds_lock=False)
         verdict = Verdict("verified", "commits/ 0-2 all decided", ())
@@ -191,6 +194,9 @@ def leftovers(db: Db) -> None:
     decided = [prepare(db, SINK, 4, p, range(10 + 5 * p, 15 + 5 * p)) for p in (0, 1)]
     prepare(db, SINK, 4, 0, range(100, 105), attempt=777)
     decide(db, SINK, 4, decided, 10, query=QUERY)
+    with db.connect() as conn:
+        views.keep_view(conn, TableName("public", "v"), TableName("public", "t"), SINK)
+        PostgresBackend(conn).commit_prepared(decided[0])
     prepare(db, SINK, 5, 0, range(200, 205))
     lossy = [prepare(db, LOSSY, 2, p, range(300 + 5 * p, 305 + 5 * p)) for p in (0, 1)]
     decide(db, LOSSY, 2, lossy, 10, query="another-query")
@@ -262,6 +268,9 @@ def test_status_documents_follow_the_contract(db: Db) -> None:
         doc = shape.document(result, "status")
         sink = next(s for s in doc["sinks"] if s["sink_id"] == SINK)
         assert sink["recent_batches"] and sink["prepared"]
+        assert [v["view"] for v in sink["consistent_views"]] == ["public.v"]
+        [hidden] = sink["hidden_batches"]
+        assert (hidden["batch_id"], hidden["partitions_hidden"], hidden["prepared"]) == (4, 1, 1)
         assert sink["sessions"] and sink["lock_holders"]
         assert doc["other_prepared"] and doc["data_loss"] and doc["warnings"]
         one = sqlsink("status", "--url", db.url, "--sink-id", SINK, "--batches", "1", "--json")

@@ -14,11 +14,18 @@ from sqlsink.core.committer import Committer
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.schema import ensure_schema, installed_version, latest_version, migrations
+from sqlsink.postgres.schema import (
+    ensure_schema,
+    ensure_schema_version,
+    installed_version,
+    latest_version,
+    migrations,
+)
 from tests.fix_pg import PgServer
 from tests.pg.protocol import Writer, ids_of, prepared_of
 
 RELEASED = 2  # the commit log of the release before issue 12
+MARKERS_LOCKED = 5  # the first migration that locks sqlsink.markers (markers.xid)
 
 
 def install_released(url: str) -> None:
@@ -64,13 +71,18 @@ def test_an_upgrade_with_a_prepared_leftover_neither_waits_nor_strands_it(
             )
             conn.execute(f"COMMIT PREPARED '{gids[0]}'")
             started = time.monotonic()
-            assert ensure_schema(conn) == latest_version()  # type: ignore[arg-type]
+            # up to version 4 at once; 5 (a column of markers, which the leftover holds)
+            # waits for the lock without queueing for it, and the sink runs meanwhile
+            assert ensure_schema(conn) == MARKERS_LOCKED - 1  # type: ignore[arg-type]
             assert time.monotonic() - started < 5
-            assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
+            assert installed_version(conn) == MARKERS_LOCKED - 1  # type: ignore[arg-type]
             writer = conn.execute("SELECT writer FROM sqlsink.sinks").fetchone()
             assert writer == ("stream",)
             # the old-format leftover still resolves: the batch is finished, not lost
             _, report = Committer(PostgresBackend(conn), "old").recover()  # type: ignore[arg-type]
+            # markers free: the rest of the upgrade goes through
+            assert ensure_schema(conn) == latest_version()  # type: ignore[arg-type]
+            assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
         assert report.committed == [gids[1]] and report.lost == []
         assert ids_of(url, table) == list(range(10))
         assert prepared_of(url, "old") == []
@@ -143,3 +155,53 @@ def test_version_4_adds_the_checkpoint_check_to_the_runs_of_version_3(
         )
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute("UPDATE sqlsink.runs SET checkpoint_verdict = 'fine'")
+
+
+def test_version_5_waits_for_markers_and_then_records_each_partitions_xid(
+    pg_server: PgServer,
+) -> None:
+    """Version 5 adds markers.xid (the consistent view, issue 13). A partition prepared
+    under version 4 holds sqlsink.markers: the upgrade is deferred, never queued behind
+    it (a queued ACCESS EXCLUSIVE request would stall every partition behind it), and
+    ``ensure_schema_version`` gives up in bounded time naming the holder. Once free, it
+    applies; the old marker keeps a NULL xid, a new one gets its transaction's id, which
+    is the xmin of the rows it wrote."""
+    with pg_server.database("mig") as url, psycopg.connect(url, autocommit=True) as conn:
+        for version, path in migrations():
+            if version < MARKERS_LOCKED:
+                conn.execute(path.read_text(encoding="utf-8").encode())
+        conn.execute("CREATE TABLE events (id bigint PRIMARY KEY)")
+        gid = "sqlsink_s_1_0_run-4_1"
+        with psycopg.connect(url) as partition:
+            partition.execute("INSERT INTO events VALUES (1)")
+            partition.execute(
+                "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+                "VALUES (%s, 's', 1, 0, 1)",
+                (gid,),
+            )
+            partition.execute(f"PREPARE TRANSACTION '{gid}'")
+        try:
+            started = time.monotonic()
+            assert ensure_schema(conn) == MARKERS_LOCKED - 1  # type: ignore[arg-type]
+            assert time.monotonic() - started < 2
+            with pytest.raises(ConfigError) as refused:
+                ensure_schema_version(conn, MARKERS_LOCKED, why="option X", timeout_s=0.5)  # type: ignore[arg-type]
+            assert time.monotonic() - started < 5
+            message = str(refused.value)
+            assert "option X needs the commit log at version 5" in message
+            assert gid in message and "sqlsink recover" in message
+        finally:
+            conn.execute(f"COMMIT PREPARED '{gid}'")
+        ensure_schema_version(conn, MARKERS_LOCKED, why="option X")  # type: ignore[arg-type]
+        assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
+        with psycopg.connect(url) as partition:
+            partition.execute("INSERT INTO events VALUES (2)")
+            partition.execute(
+                "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+                "VALUES ('sqlsink_s_2_0_run-5_1', 's', 2, 0, 1)"
+            )
+        rows = conn.execute(
+            "SELECT e.id, m.xid IS NULL, m.xid = e.xmin FROM events e "
+            "JOIN sqlsink.markers m ON m.batch_id = e.id ORDER BY e.id"
+        ).fetchall()
+        assert rows == [(1, True, None), (2, False, True)]

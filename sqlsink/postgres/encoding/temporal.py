@@ -1,0 +1,98 @@
+"""Dates, timestamps, times and durations into date, timestamp[tz], time and interval."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sqlsink.postgres.encoding.buffers import _values
+from sqlsink.postgres.encoding.fields import (
+    Arr,
+    _Encode,
+    _Fields,
+    _first_valid,
+    _fixed,
+    _ValueProblem,
+)
+
+# PostgreSQL's limits (src/include/datatype/timestamp.h), in the units used here.
+_PG_EPOCH_DAYS = 10_957  # 2000-01-01 - 1970-01-01
+_PG_EPOCH_US = _PG_EPOCH_DAYS * 86_400_000_000
+_MIN_DATE, _END_DATE = -2_451_545, 2_145_031_949  # days since 2000, [min, end)
+_MIN_TS_UNIX_US = -211_813_488_000_000_000 + _PG_EPOCH_US  # 4714-11-24 BC, in unix µs
+_I64_MAX = 2**63 - 1
+_UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def _date_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+    is64 = pa.types.is_date64(arrow)
+
+    def dates(arr: pa.Array) -> _Fields:
+        values, valid = _values(arr, np.int64 if is64 else np.int32)
+        days = (values // 86_400_000 if is64 else values.astype(np.int64)) - _PG_EPOCH_DAYS
+        i = _first_valid((days < _MIN_DATE) | (days >= _END_DATE), valid)
+        if i is not None:
+            raise _ValueProblem(
+                i,
+                f"date {values[i]} ({'ms' if is64 else 'days'} since 1970) is out of "
+                "PostgreSQL's date range",
+            )
+        return _fixed(valid, (">i4", days))
+
+    return dates
+
+
+def _to_us(values: Arr, unit: str) -> tuple[Arr, Arr | None]:
+    """int64 values of a unit to microseconds (floored), and which overflowed."""
+    if unit == "ns":
+        return np.floor_divide(values, 1000), None
+    mult = _UNIT_US[unit]
+    if mult == 1:
+        return values, None
+    bad = (values > _I64_MAX // mult) | (values < -(_I64_MAX // mult))
+    return values * mult, (bad if bad.any() else None)
+
+
+def _timestamp_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+    unit = arrow.unit
+
+    def timestamps(arr: pa.Array) -> _Fields:
+        values, valid = _values(arr, np.int64)
+        us, overflow = _to_us(values, unit)
+        bad = us < _MIN_TS_UNIX_US
+        if overflow is not None:
+            bad |= overflow
+        i = _first_valid(bad, valid)
+        if i is not None:
+            raise _ValueProblem(
+                i, f"timestamp {values[i]} ({unit} since 1970) is out of PostgreSQL's range"
+            )
+        return _fixed(valid, (">i8", us - _PG_EPOCH_US))
+
+    return timestamps
+
+
+def _time_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+    unit = arrow.unit
+    dtype = np.int32 if pa.types.is_time32(arrow) else np.int64
+
+    def times(arr: pa.Array) -> _Fields:
+        values, valid = _values(arr, dtype)
+        us, _ = _to_us(values.astype(np.int64), unit)  # a time of day cannot overflow
+        return _fixed(valid, (">i8", us))
+
+    return times
+
+
+def _duration_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+    unit = arrow.unit
+
+    def intervals(arr: pa.Array) -> _Fields:
+        values, valid = _values(arr, np.int64)
+        us, overflow = _to_us(values, unit)
+        i = None if overflow is None else _first_valid(overflow, valid)
+        if i is not None:
+            raise _ValueProblem(i, f"duration {values[i]} {unit} is out of range for interval")
+        return _fixed(valid, (">i8", us), (">i4", 0), (">i4", 0))
+
+    return intervals

@@ -1,0 +1,95 @@
+"""The binary COPY stream: the encoder of a batch's tuples, and the header and trailer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from sqlsink.errors import ConfigError, WriteError
+from sqlsink.postgres.encoding.fields import _I2, _Encode, _Fields, _ValueProblem
+from sqlsink.postgres.encoding.layout import _assemble
+
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+COPY_TRAILER = b"\xff\xff"
+
+
+@dataclass(frozen=True)
+class _Column:
+    name: str
+    type_name: str
+    arrow_type: pa.DataType
+    encode: _Encode
+
+
+class BinaryCopyEncoder:
+    """Encodes record batches of one schema into binary COPY tuples for a list of columns."""
+
+    def __init__(self, columns: Sequence[_Column]) -> None:
+        self._columns = list(columns)
+        self._count = _Fields([(_I2, len(columns))])  # a tuple's field count
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self._columns]
+
+    def encode(self, batch: pa.RecordBatch) -> bytes | bytearray | memoryview:
+        """The batch's tuples (no header, no trailer), for ``Copy.write()``.
+
+        Every call returns a new buffer. Raises WriteError for a value its column cannot hold.
+        """
+        n = batch.num_rows
+        if batch.num_columns != len(self._columns):
+            raise ConfigError(
+                f"a batch has {batch.num_columns} columns, the encoder was built for "
+                f"{len(self._columns)} ({', '.join(self.column_names)})"
+            )
+        if n == 0:
+            return b""
+        parts: list[_Fields] = []
+        for i, column in enumerate(self._columns):
+            arr = batch.column(i)
+            if arr.type != column.arrow_type:
+                raise ConfigError(
+                    f"column {column.name!r}: a batch has Arrow type {arr.type}, the encoder "
+                    f"was built for {column.arrow_type}"
+                )
+            try:
+                parts.append(column.encode(arr))
+            except _ValueProblem as p:
+                raise WriteError(
+                    f"column {column.name!r} ({column.type_name}), row {p.index} of the batch: "
+                    f"{p.problem}. Fix: correct or filter the value in Spark, or change the "
+                    f"column's type",
+                    column=column.name,
+                    row=p.index,
+                ) from None
+        return _assemble(n, [self._count, *parts]).data
+
+
+class CopyWriter(Protocol):
+    """What write_batches needs of a psycopg ``Copy`` (its ``write`` method)."""
+
+    def write(self, buffer: bytes | bytearray | memoryview) -> None: ...
+
+
+def write_batches(
+    copy: CopyWriter, encoder: BinaryCopyEncoder, batches: Iterable[pa.RecordBatch]
+) -> int:
+    """Send a whole binary COPY stream: header, every batch's tuples, trailer; the row count.
+
+    psycopg's ``Copy.write()`` sends its buffer as it is in binary format: it adds the header
+    (and trailer) only when rows go through ``write_row()`` or nothing is written at all, so
+    the header and trailer are written here, once per COPY. Use inside
+    ``with cur.copy("COPY ... FROM STDIN (FORMAT BINARY)") as copy:``.
+    """
+    copy.write(COPY_HEADER)
+    rows = 0
+    for batch in batches:
+        if batch.num_rows:
+            copy.write(encoder.encode(batch))
+            rows += batch.num_rows
+    copy.write(COPY_TRAILER)
+    return rows

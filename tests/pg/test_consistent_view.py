@@ -1,0 +1,586 @@
+"""The consistent view (option consistentView; docs/DESIGN.md invariant 13), against a
+real PostgreSQL: a reader of the bare table catches a batch half committed, a reader of
+the view never does, whatever happens between two COMMIT PREPAREDs.
+
+The committer's ``mid_commit`` fault point (after each COMMIT PREPARED) is where the
+tests look: a reader on its own connection counts the rows of the table and of the view
+in one statement (one snapshot), or the point raises, as a driver that dies there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
+from sqlsink.errors import ConfigError
+from sqlsink.options import SinkOptions
+from sqlsink.postgres import views
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.catalog import TableName
+from tests.pg.protocol import Writer, make_table, prepared_of
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+Reading = tuple[int, int]  # (rows of the bare table, rows of the view), one snapshot
+
+
+@pytest.fixture
+def view(pg_url: str) -> Iterator[str]:
+    """A view name in the public schema, dropped after the test (before its table)."""
+    name = f"v_{uuid.uuid4().hex[:10]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        kind = conn.execute("SELECT relkind::text FROM pg_class WHERE relname = %s", (name,))
+        found = kind.fetchone()
+        if found is not None:  # a test may have put a table there
+            what = sql.SQL("VIEW" if found[0] == "v" else "TABLE")
+            conn.execute(sql.SQL("DROP {} {}").format(what, sql.Identifier("public", name)))
+
+
+def read(url: str, table: str, view: str) -> Reading:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT (SELECT count(*) FROM {}), (SELECT count(*) FROM {})").format(
+                sql.Identifier(table), sql.Identifier(view)
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def count(url: str, table: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def at_mid_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[int], None]) -> None:
+    """Run ``action(batch)`` after every COMMIT PREPARED of the committer."""
+
+    def point(name: str, batch_id: int, *args: object, **kwargs: object) -> None:
+        if name == "mid_commit":
+            action(batch_id)
+
+    monkeypatch.setattr("sqlsink.core.committer.crash_point", point)
+
+
+def viewing(url: str, table: str, sink: str, view: str) -> Writer:
+    return Writer(url, table, sink, query_id=f"q-{sink}", extra={"consistentView": view})
+
+
+THREE = (range(100, 110), range(110, 120), range(120, 130))  # batch 1: three partitions
+
+
+# -- the problem, and the view -------------------------------------------------------------
+
+
+def test_a_reader_of_the_bare_table_sees_a_batch_half_committed(
+    pg_url: str, keyed: str, sink: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the view exists: between two COMMIT PREPAREDs the table holds part of a batch."""
+    writer = Writer(pg_url, keyed, sink, query_id=f"q-{sink}")
+    writer.batch(0, range(10))
+    seen: list[int] = []
+    at_mid_commit(monkeypatch, lambda batch: seen.append(count(pg_url, keyed)))
+    writer.batch(1, *THREE)
+    assert seen == [20, 30, 40]  # 10 + one, two, three partitions of batch 1
+    assert count(pg_url, keyed) == 40
+
+
+def test_a_reader_of_the_view_sees_none_of_a_batch_until_all_of_it_is_committed(
+    pg_url: str, keyed: str, sink: str, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(10))  # the run's first commit creates the view
+    assert read(pg_url, keyed, view) == (10, 10)
+    seen: list[Reading] = []
+    at_mid_commit(monkeypatch, lambda batch: seen.append(read(pg_url, keyed, view)))
+    writer.batch(1, *THREE)
+    # after each COMMIT PREPARED: the table shows part of batch 1, the view none of it
+    assert seen == [(20, 10), (30, 10), (40, 10)]
+    assert read(pg_url, keyed, view) == (40, 40)  # complete: its markers are gone
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM sqlsink.markers WHERE sink_id = %s", (sink,))
+        assert left.fetchone() == (0,)
+        # the rows the view shows are the table's, column for column
+        rows = sql.SQL("SELECT * FROM {} EXCEPT ALL SELECT * FROM {}")
+        assert not conn.execute(rows.format(sql.Identifier(keyed), sql.Identifier(view))).fetchall()
+
+
+@pytest.mark.parametrize("finish", ["recover", "next batch", "commit again"])
+def test_a_driver_dying_mid_commit_leaves_the_batch_hidden_until_it_is_finished(
+    pg_url: str, keyed: str, sink: str, view: str, monkeypatch: pytest.MonkeyPatch, finish: str
+) -> None:
+    """The driver dies after the first COMMIT PREPARED: the bare table shows a third of
+    the batch until someone finishes it (minutes, or hours), the view none of it."""
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(10))
+
+    def die(batch: int) -> None:
+        raise RuntimeError("the driver dies here")
+
+    at_mid_commit(monkeypatch, die)
+    outcomes = [writer.write(1, ids, p) for p, ids in enumerate(THREE)]
+    with pytest.raises(RuntimeError, match="dies"):
+        writer.commit(1, list(outcomes))
+    monkeypatch.undo()
+    assert len(prepared_of(pg_url, sink)) == 2
+    assert read(pg_url, keyed, view) == (20, 10)
+    time.sleep(0.05)
+    assert read(pg_url, keyed, view) == (20, 10)  # for as long as nobody finishes it
+    if finish == "recover":  # sqlsink recover runs exactly this
+        with writer.committer() as committer:
+            committer.recover()
+        assert read(pg_url, keyed, view) == (40, 40)
+    elif finish == "next batch":  # a new run's first task resolves the leftovers
+        restarted = viewing(pg_url, keyed, sink, view)
+        restarted.batch(2, range(200, 205))
+        assert read(pg_url, keyed, view) == (45, 45)
+    else:  # Spark's abort(), or a repeated commit(): the decided batch rolls forward
+        writer.commit(1, list(outcomes))
+        assert read(pg_url, keyed, view) == (40, 40)
+    assert prepared_of(pg_url, sink) == []
+
+
+# -- several tables of one sink ---------------------------------------------------------
+
+
+def _prepare_two_tables(url: str, sink: str, run: str, tables: tuple[str, str]) -> list[str]:
+    """What the foreachBatch writer will do: one transaction per partition writing two
+    tables and one marker, prepared (batch 1, partitions 0-2, ten rows per table each)."""
+    gids = []
+    for partition in range(3):
+        gid = str(Gid(sink, 1, partition, run, partition + 1))
+        with psycopg.connect(url) as conn:
+            for table in tables:
+                conn.execute(
+                    sql.SQL("INSERT INTO {} SELECT generate_series(%s::bigint, %s::bigint)").format(
+                        sql.Identifier(table)
+                    ),
+                    (partition * 10, partition * 10 + 9),
+                )
+            conn.execute(
+                "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+                "VALUES (%s, %s, 1, %s, 20)",
+                (gid, sink, partition),
+            )
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        gids.append(gid)
+    return gids
+
+
+@pytest.fixture
+def second_table(pg_url: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    make_table(pg_url, name)
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_views_of_two_tables_of_one_sink_agree_on_the_complete_batches(
+    pg_url: str, keyed: str, second_table: str, sink: str, view: str
+) -> None:
+    """Two views over two tables written by one transaction per partition: every view
+    filters on the same sink's markers, so one snapshot of both (a join) sees the same
+    batches, while a reader polls as the partitions are committed one by one."""
+    tables = (keyed, second_table)
+    names = (view, f"{view}_b")
+    run = uuid.uuid4().hex
+    gids = _prepare_two_tables(pg_url, sink, run, tables)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        backend = PostgresBackend(conn)  # type: ignore[arg-type]
+        assert backend.insert_decision(sink, 1, gids, 60, f"q-{sink}", run)
+        for name, table in zip(names, tables, strict=True):
+            views.keep_view(conn, TableName("public", name), TableName("public", table), sink)  # type: ignore[arg-type]
+    query = sql.SQL(
+        "SELECT (SELECT count(*) FROM {va}), (SELECT count(*) FROM {vb}), "
+        "(SELECT count(*) FROM {va} JOIN {vb} USING (id)), "
+        "(SELECT count(*) FROM {ta}), (SELECT count(*) FROM {tb})"
+    ).format(
+        va=sql.Identifier(names[0]),
+        vb=sql.Identifier(names[1]),
+        ta=sql.Identifier(tables[0]),
+        tb=sql.Identifier(tables[1]),
+    )
+    seen: list[tuple[int, ...]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            while not stop.is_set():
+                row = conn.execute(query).fetchone()
+                assert row is not None
+                seen.append(tuple(int(v) for v in row))
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for gid in gids[:2]:  # the committer's loop, slowed down; then it dies
+                time.sleep(0.05)
+                conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+            time.sleep(0.05)
+            committer = Committer(PostgresBackend(conn), sink)  # type: ignore[arg-type]
+            _, report = committer.recover()  # commits the last and completes the batch
+            assert report.completed_batches == [1]
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        reader.join()
+    views_seen = {s[:3] for s in seen}
+    assert views_seen <= {(0, 0, 0), (30, 30, 30)}, views_seen  # never a part, and in step
+    assert (0, 0, 0) in views_seen and (30, 30, 30) in views_seen
+    tables_seen = {s[3:] for s in seen}
+    assert {(10, 10), (20, 20)} & tables_seen, tables_seen  # the bare tables did show parts
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"mode": "upsert"}, "consistentView cannot be used with mode=upsert: .* replace"),
+        ({"semantic": "at_least_once"}, "consistentView needs semantic=exactly_once"),
+        ({"semantic": "none"}, "consistentView needs semantic=exactly_once .it is none"),
+        ({"consistentView": "public.t"}, "is the target table itself"),
+    ],
+)
+def test_what_the_view_cannot_guarantee_is_refused_before_anything_runs(
+    extra: dict[str, str], match: str
+) -> None:
+    options = {"url": "postgresql://h/db", "table": "t", "consistentView": "v", **extra}
+    with pytest.raises(ConfigError, match=match):
+        SinkOptions.parse(options)
+
+
+def test_the_view_name_defaults_to_the_tables_schema() -> None:
+    parse = SinkOptions.parse
+    opts = parse({"url": "postgresql://h/db", "table": "app.t", "consistentView": "t_whole"})
+    assert opts.consistent_view == TableName("app", "t_whole")
+    opts = parse({"url": "postgresql://h/db", "table": "app.t", "consistentView": "r.V"})
+    assert opts.consistent_view == TableName("r", "v")
+
+
+def _keep(conn: Conn, view: str, table: str, sink: str) -> str:
+    return views.keep_view(conn, TableName("public", view), TableName("public", table), sink)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["table", "plain view", "another sink's view", "other table"])
+def test_an_object_that_is_not_the_sinks_own_view_is_refused(
+    pg_url: str, keyed: str, sink: str, view: str, kind: str
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        target = sql.Identifier(view)
+        if kind == "table":
+            conn.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(target))
+            expect = f"public.{view} is a table owned by .*not a view the sink made"
+        elif kind == "plain view":
+            conn.execute(sql.SQL("CREATE VIEW {} AS SELECT 1 AS one").format(target))
+            expect = "is a view owned by .*not a view the sink made.*name another view"
+        elif kind == "another sink's view":
+            _keep(conn, view, keyed, "other-sink")
+            expect = f"consistent view of sink other-sink .*not of this sink .{sink}.*DROP VIEW"
+        else:
+            make_table(pg_url, f"{keyed}_old")
+            _keep(conn, view, f"{keyed}_old", sink)
+            expect = "this sink's view of table .*_old.*give each table its own view"
+        try:
+            with pytest.raises(ConfigError, match=expect):
+                _keep(conn, view, keyed, sink)
+            writer = viewing(pg_url, keyed, sink, view)
+            named = writer.options.consistent_view
+            assert named is not None
+            with pytest.raises(ConfigError, match=expect):  # at planning, before any data
+                views.check_before_writing(conn, named, writer.options.table, sink)  # type: ignore[arg-type]
+            # and a query's commit: refused under the sink lock, before the decision
+            outcome = writer.write(0, range(5))
+            with pytest.raises(ConfigError, match=expect):
+                writer.commit(0, [outcome])
+            writer.abort(0, [outcome])  # Spark's abort: the undecided batch is rolled back
+            assert count(pg_url, keyed) == 0 and prepared_of(pg_url, sink) == []
+        finally:
+            conn.execute(sql.SQL("DROP {} {}").format(sql.SQL(kind_sql(kind)), target))
+            old = sql.Identifier(f"{keyed}_old")
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(old))
+
+
+def kind_sql(kind: str) -> str:
+    return "TABLE" if kind == "table" else "VIEW"
+
+
+def test_a_role_that_may_not_delete_markers_is_refused_with_the_grant(
+    pg_url: str, keyed: str, sink: str, view: str
+) -> None:
+    """Without DELETE the markers of complete batches stay, and the view would hide those
+    batches for good."""
+    role = f"nodelete_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        try:
+            grants = (
+                "GRANT USAGE ON SCHEMA sqlsink TO {r}",
+                "GRANT SELECT, INSERT ON sqlsink.markers, sqlsink.decisions TO {r}",
+                "GRANT SELECT ON {t} TO {r}",
+                "GRANT CREATE ON SCHEMA public TO {r}",
+            )
+            for grant in grants:
+                conn.execute(sql.SQL(grant).format(r=sql.Identifier(role), t=sql.Identifier(keyed)))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            with pytest.raises(ConfigError) as refused:
+                _keep(conn, view, keyed, sink)
+            conn.execute("RESET ROLE")
+            message = str(refused.value)
+            assert f"role {role} may not DELETE FROM sqlsink.markers" in message
+            assert f"GRANT DELETE ON sqlsink.markers TO {role}" in message
+            assert "hide those batches for good" in message
+            # with the grant, the same role creates it (readers then need SELECT on it only)
+            conn.execute(
+                sql.SQL("GRANT DELETE ON sqlsink.markers TO {}").format(sql.Identifier(role))
+            )
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            assert _keep(conn, view, keyed, sink) == "created"
+            conn.execute("RESET ROLE")
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(view)))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# -- keeping it right ----------------------------------------------------------------------
+
+
+def _view_columns(conn: Conn, view: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT attname::text FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "ORDER BY attnum",
+        (f"public.{view}",),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_the_sink_replaces_its_own_view_when_the_table_gains_a_column(
+    pg_url: str, keyed: str, sink: str, view: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(5))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(reader)))
+        try:
+            conn.execute(
+                sql.SQL("GRANT SELECT ON {} TO {}").format(
+                    sql.Identifier(view), sql.Identifier(reader)
+                )
+            )
+            assert _view_columns(conn, view) == ["id"]
+            assert _keep(conn, view, keyed, sink) == "kept"  # up to date: nothing done
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN note text").format(sql.Identifier(keyed))
+            )
+            writer.batch(1, range(5, 10))  # the next commit replaces it
+            assert _view_columns(conn, view) == ["id", "note"]
+            comment = conn.execute(
+                "SELECT obj_description(%s::regclass, 'pg_class')", (f"public.{view}",)
+            ).fetchone()
+            assert comment is not None
+            mark = views.parse_comment(comment[0])
+            assert mark == views.ViewMark(views.FORMAT, sink, f'"public"."{keyed}"')
+            granted = conn.execute(
+                "SELECT has_table_privilege(%s, %s, 'SELECT')", (reader, f"public.{view}")
+            ).fetchone()
+            assert granted == (True,)  # replaced in place: readers' grants stay
+            assert read(pg_url, keyed, view) == (10, 10)
+            # a renamed column cannot be replaced in place: the view stays (and stays
+            # consistent, with its old column names), and the sink says why
+            conn.execute(
+                sql.SQL("ALTER TABLE {} RENAME COLUMN note TO remark").format(sql.Identifier(keyed))
+            )
+            with caplog.at_level(logging.WARNING, logger="sqlsink"):
+                assert _keep(conn, view, keyed, sink) == "stale"
+            assert "could not be replaced" in caplog.text and "DROP VIEW" in caplog.text
+            assert _view_columns(conn, view) == ["id", "note"]
+            # dropped, it comes back at the next commit
+            conn.execute(sql.SQL("DROP VIEW {}").format(sql.Identifier(view)))
+            writer.batch(2, range(10, 15))
+            assert _view_columns(conn, view) == ["id", "remark"]
+            assert read(pg_url, keyed, view) == (15, 15)
+        finally:
+            conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(view)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(reader)))
+
+
+def test_markers_that_hide_nothing_or_complete_batches_are_handled(
+    pg_url: str, keyed: str, sink: str, view: str
+) -> None:
+    """A marker without xid (written before schema 5) hides nothing; markers of a batch
+    that is complete (kept by a role without DELETE, or settled by hand) are deleted by
+    the next keep, so that the view shows the batch."""
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(5))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # another writer's rows are shown as they are
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (1000)").format(sql.Identifier(keyed)))
+        # a batch's partition committed, its marker kept although the batch is complete
+        conn.execute("BEGIN")
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (2000)").format(sql.Identifier(keyed)))
+        conn.execute(
+            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+            "VALUES (%s, %s, 0, 9, 1)",
+            (f"kept-{sink}", sink),
+        )
+        conn.execute("COMMIT")
+        assert read(pg_url, keyed, view) == (7, 6)  # hidden
+        hidden = views.hidden_batches(conn, sink)  # type: ignore[arg-type]
+        assert hidden == [views.HiddenBatch(0, 1, 1, 1, True)]
+        assert _keep(conn, view, keyed, sink) == "kept"  # and the stale marker is gone
+        assert read(pg_url, keyed, view) == (7, 7)
+        assert views.hidden_batches(conn, sink) == []  # type: ignore[arg-type]
+        # a marker without xid, as schema 4 wrote them: it hides nothing
+        conn.execute("BEGIN")
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (3000)").format(sql.Identifier(keyed)))
+        conn.execute(
+            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows, xid) "
+            "VALUES (%s, %s, 1, 0, 1, NULL)",
+            (f"old-{sink}", sink),
+        )
+        conn.execute("COMMIT")
+        assert read(pg_url, keyed, view) == (8, 8)
+
+
+# -- the cost: nothing in flight, the table's own plan ---------------------------------------
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _explain(conn: Conn, query: sql.Composable) -> dict[str, Any]:
+    row = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(query)).fetchone()
+    assert row is not None
+    doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    plan: dict[str, Any] = doc[0]["Plan"]
+    return plan
+
+
+SCAN_KEYS = ("Node Type", "Relation Name", "Index Name", "Index Cond", "Parallel Aware")
+
+
+def _scan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The scan of the table (the innermost node reading it)."""
+    found = [n for n in _nodes(plan) if "Relation Name" in n and n["Relation Name"] != "markers"]
+    assert found, plan
+    return {k: found[-1].get(k) for k in SCAN_KEYS}
+
+
+@pytest.mark.parametrize("seqscan", ["on", "off"])
+def test_with_nothing_in_flight_the_view_runs_the_tables_own_plan(
+    pg_url: str, keyed: str, sink: str, view: str, seqscan: str
+) -> None:
+    """EXPLAIN ANALYZE of count(*) and of a primary-key lookup: under the one-time filter
+    that passes, the table's own scan (an index-only scan for count(*) when the table's
+    plan has one; the key pushed into the index); the other branch is never executed."""
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(0, 10_000), range(10_000, 20_000))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(keyed)))
+        conn.execute(sql.SQL("SET enable_seqscan = {}").format(sql.SQL(seqscan)))
+        queries = {
+            "count": "SELECT count(*) FROM {}",
+            "key": "SELECT * FROM {} WHERE id = 4242",
+        }
+        for what, text in queries.items():
+            bare = _explain(conn, sql.SQL(text).format(sql.Identifier(keyed)))
+            through = _explain(conn, sql.SQL(text).format(sql.Identifier(view)))
+            gates = [n for n in _nodes(through) if "One-Time Filter" in n]
+            assert len(gates) == 2, (what, through)
+            ran = [g for g in gates if g["Actual Loops"] > 0 and g["Plans"][0]["Actual Loops"] > 0]
+            idle = [g for g in gates if g not in ran]
+            assert len(ran) == 1 and len(idle) == 1, (what, through)
+            # the branch that runs is the bare table's plan
+            assert _scan(ran[0]) == _scan(bare), (what, bare, through)
+            if seqscan == "off" and what == "count":
+                assert _scan(bare)["Node Type"] == "Index Only Scan"
+            if what == "key":
+                assert _scan(bare)["Index Cond"] is not None
+            # the other one, the table filtered by the in-flight xids, never ran
+            filtered = [n for n in _nodes(idle[0]) if "xmin" in str(n.get("Filter", ""))]
+            assert filtered and all(n["Actual Loops"] == 0 for n in filtered), through
+            assert through["Actual Rows"] == bare["Actual Rows"]
+
+
+def test_with_a_batch_in_flight_the_view_hides_exactly_its_committed_partitions(
+    pg_url: str, keyed: str, sink: str, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(10))
+    hidden: list[list[int]] = []
+
+    def look(batch: int) -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id FROM {} EXCEPT SELECT id FROM {} ORDER BY 1").format(
+                    sql.Identifier(keyed), sql.Identifier(view)
+                )
+            ).fetchall()
+            hidden.append([int(r[0]) for r in rows])
+            found = views.hidden_batches(conn, sink)  # type: ignore[arg-type]
+            assert [(h.batch_id, h.of_partitions, h.complete) for h in found] == [(1, 3, False)]
+
+    at_mid_commit(monkeypatch, look)
+    writer.batch(1, *THREE)
+    assert [len(h) for h in hidden] == [10, 20, 30]
+    assert hidden[-1] == list(range(100, 130))
+
+
+def test_freezing_the_rows_of_a_hidden_partition_keeps_them_hidden(
+    pg_url: str, keyed: str, sink: str, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen row keeps its xmin (PostgreSQL 9.4 on marks it frozen in its flags), so a
+    batch stranded past vacuum_freeze_min_age stays hidden: the view's limit is the
+    32-bit wraparound of xids, not freezing (docs/DESIGN.md invariant 13)."""
+    writer = viewing(pg_url, keyed, sink, view)
+    writer.batch(0, range(10))
+
+    def die(batch: int) -> None:
+        raise RuntimeError("the driver dies here")
+
+    at_mid_commit(monkeypatch, die)
+    outcomes = [writer.write(1, ids, p) for p, ids in enumerate(THREE)]
+    with pytest.raises(RuntimeError, match="dies"):
+        writer.commit(1, list(outcomes))
+    monkeypatch.undo()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        table = sql.Identifier(keyed)
+        conn.execute(sql.SQL("VACUUM (FREEZE) {}").format(table))
+        row = conn.execute(
+            "SELECT (SELECT relfrozenxid FROM pg_class WHERE oid = %s::regclass)::text::bigint,"
+            " (SELECT xid FROM sqlsink.markers WHERE sink_id = %s)::text::bigint",
+            (keyed, sink),
+        ).fetchone()
+        assert row is not None
+        frozen_below, hidden_xid = row
+        assert frozen_below > hidden_xid  # every row the partition wrote is frozen now
+        still = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE xmin::text::bigint = %s").format(table),
+            (hidden_xid,),
+        ).fetchone()
+        assert still == (10,)  # and still carries the partition's xid in its xmin
+    assert read(pg_url, keyed, view) == (20, 10)
+    with writer.committer() as committer:
+        committer.recover()
+    assert read(pg_url, keyed, view) == (40, 40)

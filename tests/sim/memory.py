@@ -1,0 +1,870 @@
+"""An in-memory PostgreSQL, as far as the sink's protocol sees one.
+
+``Server`` is the cluster: prepared transactions (gid, owner role, database, the rows
+and marker they hold), row locks, session advisory locks, sessions, and per database
+the commit log of schema version 3 (``sinks``, ``decisions``, ``markers``, ``runs``
+with ``register_run`` and the triggers that keep incomplete decisions). Its
+semantics copy ``sqlsink/postgres/backend.py``, ``postgres/commit_log.py``,
+``postgres/locks.py`` and ``sql/003_writers_and_runs.sql``; the contract tests
+(``test_backend_contract.py``) run the same scenarios against both.
+
+``MemoryBackend`` is one session on it. It implements
+``sqlsink.core.backend.TwoPhaseBackend`` and ``sqlsink.core.participant.ParticipantBackend``,
+plus what ``postgres/partition.py`` does on its connection (BEGIN, rows, marker,
+PREPARE, ROLLBACK) and what the CLI and an operator do (``try_sink_lock``,
+``forget_sink``, a plain ``DELETE``). Every call is one step of the simulation: it
+first yields to the scheduler (``sched.Actor.step``), then runs atomically.
+
+Time is the simulation's clock. Without an actor (the contract tests) nothing
+yields, and a wait that cannot be granted moves the clock to its deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
+from sqlsink.errors import ConfigError, TransientError
+from tests.sim.sched import Actor, Crash
+
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)  # simulated time 0
+
+
+def stamp(t: float) -> datetime:
+    return EPOCH + timedelta(seconds=t)
+
+
+class SqlError(Exception):
+    """A statement the server refused (psycopg.Error in real life)."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(f"{sqlstate}: {message}")
+        self.sqlstate = sqlstate
+
+
+class ConnectionLost(Exception):
+    """The server ended this session (psycopg.OperationalError in real life)."""
+
+
+def lock_key(sink_id: str | None) -> str:
+    return f"sqlsink:sink:{sink_id or '*'}"
+
+
+# -- the server's state ----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Txn:
+    """An open transaction of a session, or a prepared one (``gid`` set, no session)."""
+
+    xid: int
+    database: str
+    owner: str
+    session: Session | None
+    rows: list[tuple[str, Hashable]] = field(default_factory=list)  # (table, key)
+    marker: MarkerRow | None = None
+    gid: str | None = None
+    prepared_at: float | None = None
+    prepared_step: int | None = None
+    preparer: object | None = None  # the actor that prepared it
+
+
+@dataclass
+class SinkRow:
+    writer: str | None
+    query_id: str | None
+    created_at: float
+    bound_at: float
+    newest_run: str | None = None
+    pruned_through: int | None = None
+
+
+@dataclass
+class DecisionRow:
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    query_id: str | None
+    run_id: str | None
+    decided_at: float
+    completed_at: float | None
+    partitions: int | None = None
+    first_write_at: float | None = None
+    commit_ms: float | None = None
+    orphans: int | None = None
+
+
+@dataclass
+class MarkerRow:
+    gid: str
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    rows: int
+    written_at: float
+
+
+@dataclass
+class RunRow:
+    sink_id: str
+    run_id: str
+    first_seen: float
+    heartbeat_at: float
+    live_for: float
+    superseded_at: float | None = None
+    superseded_by: str | None = None
+    aborted_batch: int | None = None
+    lock_pid: int | None = None
+    lock_backend_start: float | None = None
+
+
+@dataclass
+class CommitLog:
+    """Schema ``sqlsink`` of one database."""
+
+    sinks: dict[str, SinkRow] = field(default_factory=dict)
+    decisions: dict[tuple[str, int], DecisionRow] = field(default_factory=dict)
+    markers: dict[str, MarkerRow] = field(default_factory=dict)
+    runs: dict[tuple[str, str], RunRow] = field(default_factory=dict)
+
+    def of_sink(self, sink_id: str) -> list[DecisionRow]:
+        return [d for (s, _), d in self.decisions.items() if s == sink_id]
+
+
+@dataclass(eq=False)
+class Session:
+    pid: int
+    backend_start: float
+    database: str
+    role: str
+    superuser: bool
+    actor: Actor | None
+    purpose: Any  # what the session works for (world.Purpose); read by the checks
+    lock_timeout_s: float
+    dead: bool = False
+    terminated: bool = False  # ended by the server (pg_terminate_backend, a cut)
+    noticed: bool = False  # the client saw the connection go (psycopg closes it)
+    txn: Txn | None = None
+    advisory: dict[str, int] = field(default_factory=dict)  # key -> times taken
+    locked_at: dict[str, float] = field(default_factory=dict)  # key -> first taken at
+    state_step: int | None = None  # step of the first task_state read
+    first_state: TaskState | None = None  # what the task's checks ran on
+    live_read: frozenset[str] = frozenset()  # runs live per the last live_runs read
+
+
+class Hooks(Protocol):
+    """What the invariant checks want to see happen (``checks.Checker``)."""
+
+    def on_lock(self, session: Session, key: str) -> None: ...
+    def on_terminate(self, session: Session, holder: Session) -> None: ...
+    def on_commit_prepared(self, session: Session, txn: Txn) -> None: ...
+    def on_rollback_prepared(self, session: Session, txn: Txn) -> None: ...
+    def on_insert_decision(self, session: Session, row: DecisionRow) -> None: ...
+    def on_register_run(self, session: Session, sink_id: str, run_id: str, new: bool) -> None: ...
+    def on_begin_write(self, session: Session) -> None: ...
+    def on_row_wait(self, session: Session, holder: Txn) -> None: ...
+    def on_mark_complete(self, session: Session, sink_id: str, batch_ids: list[int]) -> None: ...
+    def on_log_removed(self, session: Session, sink_id: str, how: str) -> None: ...
+    def on_prune(self, session: Session, sink_id: str, batch_ids: list[int]) -> None: ...
+
+
+class NoHooks:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+class Clock:
+    """The contract tests' clock: moved by hand, or by a wait nobody can grant."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Server:
+    """One PostgreSQL cluster in memory."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        hooks: Hooks | None = None,
+        step_no: Callable[[], int] = lambda: 0,
+        cascade: bool = False,
+        advance: Callable[[float], None] | None = None,
+    ) -> None:
+        """``cascade``: the commit log of schema version 1, where deleting a sink cascades
+        to its decisions and no trigger keeps incomplete ones (issue 12 item 1 reverted)."""
+        self.clock = clock
+        self.hooks: Hooks = hooks or NoHooks()
+        self.step_no = step_no
+        self.cascade = cascade
+        self.advance = advance  # moves the clock when a wait cannot be granted (no actors)
+        self.logs: dict[str, CommitLog] = {}
+        self.prepared: dict[str, Txn] = {}
+        self.row_locks: dict[tuple[str, str, Hashable], Txn] = {}
+        self.advisory: dict[tuple[str, str], Session] = {}
+        self.sessions: dict[int, Session] = {}
+        self.tables: dict[tuple[str, str], dict[Hashable, str]] = {}  # committed: key -> gid
+        self._pids = itertools.count(100)
+        self._xids = itertools.count(1)
+
+    def log(self, database: str) -> CommitLog:
+        return self.logs.setdefault(database, CommitLog())
+
+    def connect(
+        self,
+        database: str,
+        *,
+        role: str = "sink",
+        superuser: bool = False,
+        actor: Actor | None = None,
+        purpose: Any = None,
+        lock_timeout_s: float = 60.0,
+    ) -> Session:
+        session = Session(
+            next(self._pids),
+            self.clock(),
+            database,
+            role,
+            superuser,
+            actor,
+            purpose,
+            lock_timeout_s,
+        )
+        self.sessions[session.pid] = session
+        return session
+
+    def end_session(self, session: Session, *, terminated: bool) -> None:
+        """The session ends: its open transaction rolls back, its locks go."""
+        if session.dead:
+            return
+        session.dead = True
+        session.terminated = terminated
+        if session.txn is not None:
+            self._release(session.txn)
+            session.txn = None
+        for key in session.advisory:
+            self.advisory.pop((session.database, key), None)
+        session.advisory.clear()
+        self.sessions.pop(session.pid, None)
+
+    def end_sessions_of(self, actor: Actor) -> None:
+        for session in list(self.sessions.values()):
+            if session.actor is actor:
+                self.end_session(session, terminated=False)
+
+    def _release(self, txn: Txn) -> None:
+        for table, key in txn.rows:
+            lock = (txn.database, table, key)
+            if self.row_locks.get(lock) is txn:
+                del self.row_locks[lock]
+
+    def _apply(self, txn: Txn) -> None:
+        """Commit: the rows and the marker become visible."""
+        for table, key in txn.rows:
+            self.tables.setdefault((txn.database, table), {})[key] = txn.gid or f"xid{txn.xid}"
+        if txn.marker is not None:
+            self.log(txn.database).markers[txn.marker.gid] = txn.marker
+        self._release(txn)
+
+    # -- for tests and the world: set-up and inspection, not steps -----------------------
+
+    def put_prepared(
+        self,
+        gid: str,
+        database: str,
+        owner: str = "sink",
+        rows: Iterable[tuple[str, Hashable]] = (),
+        marker: bool = True,
+    ) -> Txn:
+        """A prepared transaction left by someone (a dead run, another application)."""
+        txn = Txn(next(self._xids), database, owner, None, list(rows))
+        parsed = Gid.parse(gid)
+        if marker and parsed is not None:
+            txn.marker = MarkerRow(
+                gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 0, self.clock()
+            )
+        for table, key in txn.rows:
+            self.row_locks[(database, table, key)] = txn
+        txn.gid, txn.prepared_at, txn.prepared_step = gid, self.clock(), self.step_no()
+        self.prepared[gid] = txn
+        return txn
+
+
+# -- a session -------------------------------------------------------------------------
+
+
+class MemoryBackend:
+    """One session: ``TwoPhaseBackend`` and ``ParticipantBackend`` on the in-memory server."""
+
+    def __init__(self, server: Server, session: Session) -> None:
+        self.server = server
+        self.session = session
+
+    # -- the step ----------------------------------------------------------------------
+
+    def _call(
+        self, label: str, wait: Callable[[], bool] | None = None, deadline: float | None = None
+    ) -> None:
+        """Yield to the scheduler, then check the session is still there."""
+        session = self.session
+        actor = session.actor
+        self._alive()
+        if actor is not None:
+            actor.step(f"{label}", wait, deadline)
+        elif wait is not None and not wait() and deadline is not None and self.server.advance:
+            self.server.advance(deadline)
+        self._alive()
+
+    def _alive(self) -> None:
+        session = self.session
+        if session.dead and not session.terminated:
+            raise Crash
+        if session.dead or session.noticed:
+            session.noticed = True
+            raise ConnectionLost(f"session {session.pid} was terminated")
+
+    @property
+    def _log(self) -> CommitLog:
+        return self.server.log(self.session.database)
+
+    def _now(self) -> float:
+        return self.server.clock()
+
+    # -- TwoPhaseBackend: properties ----------------------------------------------------
+
+    @property
+    def database(self) -> str:
+        return self.session.database
+
+    @property
+    def finisher_role(self) -> str | None:
+        return None if self.session.superuser else self.session.role
+
+    @property
+    def session_pid(self) -> int | None:
+        return None if self.session.dead else self.session.pid
+
+    # -- the sink lock (postgres/locks.py) ----------------------------------------------
+
+    @contextmanager
+    def sink_lock(self, sink_id: str | None) -> Iterator[None]:
+        timeout = self.session.lock_timeout_s
+        if not self.wait_sink_lock(sink_id, timeout):
+            ended = self._end_fenced_holders(sink_id)
+            if not (ended and self.wait_sink_lock(sink_id, timeout)):
+                holder = self.server.advisory.get((self.database, lock_key(sink_id)))
+                raise TransientError(
+                    f"sink {sink_id}: waited {timeout:.0f} s for the sink lock, held by "
+                    f"pid {holder.pid if holder else '?'}",
+                    sink_id=sink_id,
+                )
+        try:
+            yield
+        finally:
+            self.unlock_sink(sink_id)
+
+    def try_sink_lock(self, sink_id: str | None) -> bool:
+        self._call(f"try lock {sink_id}")
+        return self._take(lock_key(sink_id))
+
+    def wait_sink_lock(self, sink_id: str | None, timeout_s: float) -> bool:
+        key = lock_key(sink_id)
+        self._call(f"lock {sink_id}")
+        deadline = self._now() + timeout_s
+        while not self._take(key):
+            if self._now() >= deadline:
+                return False
+            self._call(
+                f"wait for lock {sink_id}",
+                lambda: self.server.advisory.get((self.database, key)) is None,
+                deadline,
+            )
+        return True
+
+    def _take(self, key: str) -> bool:
+        place = (self.database, key)
+        holder = self.server.advisory.get(place)
+        if holder is not None and holder is not self.session:
+            return False
+        self.server.advisory[place] = self.session
+        if key not in self.session.advisory:
+            self.session.locked_at[key] = self._now()
+            self.server.hooks.on_lock(self.session, key)
+        self.session.advisory[key] = self.session.advisory.get(key, 0) + 1
+        return True
+
+    def unlock_sink(self, sink_id: str | None) -> None:
+        if self.session.noticed:
+            return  # locks.unlock_sink: a closed connection holds nothing
+        self._call(f"unlock {sink_id}")
+        key = lock_key(sink_id)
+        count = self.session.advisory.get(key, 0)
+        if count <= 1:
+            self.session.advisory.pop(key, None)
+            self.session.locked_at.pop(key, None)
+            if self.server.advisory.get((self.database, key)) is self.session:
+                del self.server.advisory[(self.database, key)]
+        else:
+            self.session.advisory[key] = count - 1
+
+    def _end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        """locks.end_fenced_holders: end a holder that a fenced run recorded as its own."""
+        if sink_id is None:
+            return []
+        self._call(f"end fenced holders {sink_id}")
+        holder = self.server.advisory.get((self.database, lock_key(sink_id)))
+        if holder is None or holder is self.session:
+            return []
+        for (sink, _), run in self._log.runs.items():
+            if (
+                sink == sink_id
+                and run.superseded_at is not None
+                and run.lock_pid == holder.pid
+                and run.lock_backend_start == holder.backend_start
+            ):
+                self.server.hooks.on_terminate(self.session, holder)
+                self.server.end_session(holder, terminated=True)
+                return [holder.pid]
+        return []
+
+    def sink_sessions(self, sink_id: str) -> list[int]:
+        """The CLI's liveness by sessions: other sessions of the sink's tasks and commits."""
+        self._call(f"sessions of {sink_id}")
+        return [
+            s.pid
+            for s in self.server.sessions.values()
+            if s is not self.session
+            and getattr(s.purpose, "sink", None) == sink_id
+            and getattr(s.purpose, "kind", None) in ("task", "commit", "abort")
+        ]
+
+    # -- prepared transactions ----------------------------------------------------------
+
+    def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
+        self._call(f"prepared {sink_id}")
+        prefix = Gid.sink_prefix(sink_id) if sink_id else "sqlsink_"
+        return [
+            PreparedTransaction(gid, t.database, t.owner, stamp(t.prepared_at or 0.0))
+            for gid, t in sorted(self.server.prepared.items())
+            if gid.startswith(prefix)
+        ]
+
+    def commit_prepared(self, gid: str) -> bool:
+        self._call(f"COMMIT PREPARED {gid}")
+        txn = self._finishable(gid)
+        if txn is None:
+            return False
+        self.server.hooks.on_commit_prepared(self.session, txn)
+        del self.server.prepared[gid]
+        self.server._apply(txn)
+        return True
+
+    def rollback_prepared(self, gid: str) -> bool:
+        self._call(f"ROLLBACK PREPARED {gid}")
+        txn = self._finishable(gid)
+        if txn is None:
+            return False
+        self.server.hooks.on_rollback_prepared(self.session, txn)
+        del self.server.prepared[gid]
+        self.server._release(txn)
+        return True
+
+    def _finishable(self, gid: str) -> Txn | None:
+        txn = self.server.prepared.get(gid)
+        if txn is None:
+            return None
+        if txn.database != self.database:
+            raise SqlError("0A000", f"prepared transaction {gid} belongs to another database")
+        if not self.session.superuser and txn.owner != self.session.role:
+            raise ConfigError(  # PostgresBackend._finish
+                f"cannot finish prepared transaction {gid}: permission denied",
+                gid=gid,
+            )
+        return txn
+
+    # -- the commit log -----------------------------------------------------------------
+
+    def _decision(self, row: DecisionRow) -> Decision:
+        return Decision(
+            row.sink_id,
+            row.batch_id,
+            frozenset(row.gids),
+            row.rows,
+            stamp(row.decided_at),
+            row.completed_at is not None,
+            row.query_id,
+            row.run_id,
+            self._now() - row.decided_at,
+        )
+
+    def decisions(
+        self, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], Decision]:
+        self._call(f"decisions {sink_id}")
+        wanted = set(batch_ids)
+        return {
+            key: self._decision(row)
+            for key, row in self._log.decisions.items()
+            if key in wanted
+            or (row.completed_at is None and (sink_id is None or row.sink_id == sink_id))
+        }
+
+    @staticmethod
+    def _binding(row: SinkRow) -> Binding:
+        if row.writer in ("stream", "load"):
+            return Binding(row.writer, row.query_id)
+        return Binding("unknown", row.query_id)
+
+    def binding(self, sink_id: str) -> Binding | None:
+        self._call(f"binding {sink_id}")
+        row = self._log.sinks.get(sink_id)
+        return None if row is None else self._binding(row)
+
+    def bind(self, sink_id: str, writer: Binding) -> None:
+        self._call(f"bind {sink_id} {writer.kind} {writer.query_id}")
+        row = self._log.sinks.get(sink_id)
+        now = self._now()
+        if row is None:
+            self._log.sinks[sink_id] = SinkRow(writer.kind, writer.query_id, now, now)
+        else:
+            row.writer, row.query_id, row.bound_at = writer.kind, writer.query_id, now
+
+    def _highest(self, sink_id: str) -> int | None:
+        return max((d.batch_id for d in self._log.of_sink(sink_id)), default=None)
+
+    def highest_decided(self, sink_id: str) -> int | None:
+        self._call(f"highest decided {sink_id}")
+        return self._highest(sink_id)
+
+    def task_state(self, sink_id: str, run_id: str, batch_id: int) -> TaskState:
+        self._call(f"task state {sink_id} run {run_id} batch {batch_id}")
+        log = self._log
+        run = log.runs.get((sink_id, run_id))
+        fenced_by = None
+        if run is not None and run.superseded_at is not None:
+            fenced_by = run.superseded_by or "operator"
+        sink = log.sinks.get(sink_id)
+        prefix = Gid.sink_prefix(sink_id)
+        state = TaskState(
+            fenced_by,
+            (sink_id, batch_id) in log.decisions,
+            None if sink is None else self._binding(sink),
+            self._highest(sink_id),
+            tuple(
+                gid
+                for gid, t in sorted(self.server.prepared.items())
+                if gid.startswith(prefix) and t.database == self.database
+            ),
+        )
+        if self.session.state_step is None:
+            self.session.state_step = self.server.step_no()
+            self.session.first_state = state
+        return state
+
+    def attempt_fate(self, sink_id: str, run_id: str, batch_id: int, gid: str) -> Fate:
+        self._call(f"attempt fate {gid}")
+        log = self._log
+        decision = log.decisions.get((sink_id, batch_id))
+        run = log.runs.get((sink_id, run_id))
+        return Fate(
+            None if decision is None else gid in decision.gids,
+            run is not None and run.superseded_at is not None,
+            run is not None and run.aborted_batch is not None and run.aborted_batch >= batch_id,
+        )
+
+    def register_run(
+        self,
+        sink_id: str,
+        run_id: str,
+        live_for_s: float,
+        *,
+        holds_lock: bool,
+        admit: Callable[[Binding | None, int | None], None] | None = None,
+    ) -> str | None:
+        """sqlsink.register_run of sql/003_writers_and_runs.sql, after ``admit`` under the
+        sink row's lock (commit_log.register_run): one step, as one transaction is."""
+        self._call(f"register run {run_id} of {sink_id}{' (lock)' if holds_lock else ''}")
+        log, now = self._log, self._now()
+        if sink_id not in log.sinks:
+            log.sinks[sink_id] = SinkRow(None, None, now, now)
+        if admit is not None:
+            admit(self._binding(log.sinks[sink_id]), self._highest(sink_id))
+        run = log.runs.get((sink_id, run_id))
+        if run is not None and run.superseded_at is not None:
+            return run.superseded_by or "operator"
+        self.server.hooks.on_register_run(self.session, sink_id, run_id, run is None)
+        if run is None:
+            for (sink, _), other in log.runs.items():
+                if sink == sink_id and other.superseded_at is None:
+                    other.superseded_at, other.superseded_by = now, run_id
+            run = RunRow(sink_id, run_id, now, now, live_for_s)
+            log.runs[(sink_id, run_id)] = run
+            log.sinks[sink_id].newest_run = run_id
+            known = False
+        else:
+            known = True
+        if holds_lock:
+            run.heartbeat_at, run.live_for = now, live_for_s
+            run.lock_pid, run.lock_backend_start = self.session.pid, self.session.backend_start
+        elif known and run.heartbeat_at < now - 1.0:
+            run.heartbeat_at, run.live_for = now, live_for_s
+        return None
+
+    def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        self._call(f"mark aborted {run_id} batch {batch_id}")
+        run = self._log.runs.get((sink_id, run_id))
+        if run is not None:
+            run.aborted_batch = (
+                batch_id if run.aborted_batch is None else max(run.aborted_batch, batch_id)
+            )
+
+    def _live(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        now = self._now()
+        return {
+            key: now - run.heartbeat_at
+            for key, run in self._log.runs.items()
+            if run.superseded_at is None
+            and run.heartbeat_at > now - run.live_for
+            and (sink_id is None or run.sink_id == sink_id)
+        }
+
+    def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        self._call(f"live runs {sink_id}")
+        live = self._live(sink_id)
+        self.session.live_read = frozenset(run for _, run in live)
+        return live
+
+    def insert_decision(
+        self,
+        sink_id: str,
+        batch_id: int,
+        gids: Collection[str],
+        rows: int,
+        query_id: str | None,
+        run_id: str | None,
+        *,
+        partitions: int | None = None,
+        first_write_at: float | None = None,
+    ) -> bool:
+        self._call(f"insert decision {sink_id} batch {batch_id} {sorted(gids)}")
+        log, now = self._log, self._now()
+        writer = Binding.of(query_id)
+        sink = log.sinks.get(sink_id)
+        if sink is None:
+            log.sinks[sink_id] = SinkRow(writer.kind, writer.query_id, now, now)
+        elif sink.writer is None:
+            sink.writer, sink.query_id = writer.kind, writer.query_id
+        if (sink_id, batch_id) in log.decisions:
+            return False
+        row = DecisionRow(
+            sink_id,
+            batch_id,
+            tuple(gids),
+            rows,
+            query_id,
+            run_id,
+            now,
+            now if not gids else None,
+            partitions,
+            first_write_at,
+        )
+        self.server.hooks.on_insert_decision(self.session, row)
+        log.decisions[(sink_id, batch_id)] = row
+        return True
+
+    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
+        self._call(f"record metrics {sink_id} batch {batch_id}")
+        row = self._log.decisions.get((sink_id, batch_id))
+        if row is not None:
+            row.commit_ms, row.orphans = commit_ms, orphans
+
+    def visible_markers(self, gids: Collection[str]) -> set[str]:
+        if not gids:
+            return set()
+        self._call(f"visible markers {sorted(gids)}")
+        return {g for g in gids if g in self._log.markers}
+
+    def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
+        self._call(f"mark complete {sink_id} {sorted(batch_ids)}")
+        log, now = self._log, self._now()
+        done = []
+        for batch_id in batch_ids:
+            row = log.decisions.get((sink_id, batch_id))
+            if row is not None and row.completed_at is None:
+                row.completed_at = now
+                done.append(batch_id)
+        if not done:
+            return
+        self.server.hooks.on_mark_complete(self.session, sink_id, done)
+        for gid, marker in list(log.markers.items()):
+            if marker.sink_id == sink_id and marker.batch_id in done:
+                del log.markers[gid]
+
+    def prune_decisions(self, sink_id: str, through: int) -> int:
+        self._call(f"prune decisions {sink_id} through {through}")
+        log = self._log
+        gone = [
+            b
+            for (s, b), row in log.decisions.items()
+            if s == sink_id and b <= through and row.completed_at is not None
+        ]
+        if not gone:
+            return 0
+        self.server.hooks.on_prune(self.session, sink_id, gone)
+        for batch_id in gone:
+            del log.decisions[(sink_id, batch_id)]
+        sink = log.sinks.get(sink_id)
+        if sink is not None:
+            sink.pruned_through = max(sink.pruned_through or -1, max(gone))
+        return len(gone)
+
+    # -- a partition's transaction (postgres/partition.py) --------------------------------
+
+    def begin(self) -> None:
+        self._call("BEGIN")
+        self.server.hooks.on_begin_write(self.session)
+        self.session.txn = Txn(
+            next(self.server._xids), self.database, self.session.role, self.session
+        )
+
+    def write_row(self, table: str, key: Hashable) -> None:
+        """One row of the COPY (an upsert when the table has a key: it waits for the
+        row lock of whoever holds the key, up to lock_timeout, then goes on)."""
+        self._call(f"COPY {table} {key}")
+        txn = self.session.txn
+        assert txn is not None, "write outside a transaction"
+        lock = (self.database, table, key)
+        deadline = self._now() + self.session.lock_timeout_s
+        while (holder := self.server.row_locks.get(lock)) not in (None, txn):
+            assert holder is not None
+            self.server.hooks.on_row_wait(self.session, holder)
+            if self._now() >= deadline:
+                self.rollback()
+                raise TransientError(
+                    f"canceling statement due to lock timeout: row {key} of {table} is "
+                    f"locked by {holder.gid or f'transaction {holder.xid}'}",
+                    gid=holder.gid,
+                )
+            self._call(
+                f"wait for row {key}", lambda: self.server.row_locks.get(lock) is None, deadline
+            )
+            txn = self.session.txn
+            assert txn is not None
+        self.server.row_locks[lock] = txn
+        txn.rows.append((table, key))
+
+    def insert_marker(
+        self, gid: str, sink_id: str, batch_id: int, partition_id: int, rows: int
+    ) -> None:
+        self._call(f"INSERT marker {gid}")
+        txn = self.session.txn
+        assert txn is not None, "marker outside a transaction"
+        txn.marker = MarkerRow(gid, sink_id, batch_id, partition_id, rows, self._now())
+
+    def prepare(self, gid: str) -> str:
+        """PREPARE TRANSACTION; the command tag."""
+        self._call(f"PREPARE TRANSACTION {gid}")
+        txn = self.session.txn
+        assert txn is not None, "PREPARE outside a transaction"
+        self.session.txn = None
+        if gid in self.server.prepared:
+            self.server._release(txn)
+            raise SqlError("42710", f'transaction identifier "{gid}" is already in use')
+        txn.session, txn.gid = None, gid
+        txn.prepared_at, txn.prepared_step = self._now(), self.server.step_no()
+        txn.preparer = self.session.actor
+        self.server.prepared[gid] = txn
+        return "PREPARE TRANSACTION"
+
+    def rollback(self) -> None:
+        """A plain ROLLBACK of the open transaction (never ROLLBACK PREPARED)."""
+        txn, self.session.txn = self.session.txn, None
+        if txn is not None:
+            self.server._release(txn)
+
+    def close(self) -> None:
+        """The client closes: an open transaction rolls back, a prepared one stays."""
+        self.server.end_session(self.session, terminated=False)
+
+    # -- operators and the CLI ----------------------------------------------------------
+
+    def forget_sink(self, sink_id: str) -> int:
+        """commit_log.forget_sink (the caller holds the sink lock): decisions removed."""
+        self._call(f"forget {sink_id}")
+        log = self._log
+        prefix = Gid.sink_prefix(sink_id)
+        prepared = [
+            g
+            for g, t in self.server.prepared.items()
+            if g.startswith(prefix) and t.database == self.database and Gid.parse(g)
+        ]
+        incomplete = [d.batch_id for d in log.of_sink(sink_id) if d.completed_at is None]
+        live = [run for _, run in self._live(sink_id)]
+        if prepared or incomplete or live:
+            raise ConfigError(
+                f"sink {sink_id} is not finished: prepared {sorted(prepared)[:3]}, "
+                f"incomplete batches {sorted(incomplete)[:10]}, live runs {sorted(live)}. "
+                f"Nothing was removed. Fix: run sqlsink recover --sink-id {sink_id} first",
+                sink_id=sink_id,
+            )
+        count = len(log.of_sink(sink_id))
+        self.server.hooks.on_log_removed(self.session, sink_id, "sqlsink forget")
+        self._remove(sink_id)
+        return count
+
+    def _remove(self, sink_id: str) -> None:
+        log = self._log
+        for gid in [g for g, m in log.markers.items() if m.sink_id == sink_id]:
+            del log.markers[gid]
+        for decided in [k for k in log.decisions if k[0] == sink_id]:
+            del log.decisions[decided]
+        for run in [k for k in log.runs if k[0] == sink_id]:
+            del log.runs[run]
+        log.sinks.pop(sink_id, None)
+
+    def operator_delete_sink(self, sink_id: str) -> None:
+        """An operator's plain ``DELETE FROM sqlsink.sinks WHERE sink_id = ...``.
+
+        Schema 3: the trigger keep_decided refuses a sink with decisions, and the
+        runs' foreign key one with runs. Schema 1 (``cascade``): its decisions go too."""
+        self._call(f"DELETE FROM sqlsink.sinks {sink_id}")
+        log = self._log
+        if sink_id not in log.sinks:
+            return
+        if not self.server.cascade:
+            if log.of_sink(sink_id):
+                raise SqlError("P0001", f"sqlsink: sink {sink_id} has decided batches")
+            if any(s == sink_id for s, _ in log.runs):
+                raise SqlError("23503", "update or delete on table sinks violates runs_fkey")
+            del log.sinks[sink_id]
+            return
+        self.server.hooks.on_log_removed(self.session, sink_id, "a plain DELETE")
+        for decided in [k for k in log.decisions if k[0] == sink_id]:
+            del log.decisions[decided]
+        for run in [k for k in log.runs if k[0] == sink_id]:
+            del log.runs[run]
+        del log.sinks[sink_id]
+
+    def operator_delete_decisions(self, sink_id: str) -> None:
+        """An operator's plain ``DELETE FROM sqlsink.decisions WHERE sink_id = ...``: the
+        trigger keep_incomplete refuses it while a decision of the sink is incomplete."""
+        self._call(f"DELETE FROM sqlsink.decisions {sink_id}")
+        log = self._log
+        rows = log.of_sink(sink_id)
+        if not self.server.cascade and any(d.completed_at is None for d in rows):
+            raise SqlError("P0001", f"sqlsink: a decision of sink {sink_id} is incomplete")
+        if rows:
+            self.server.hooks.on_log_removed(self.session, sink_id, "a plain DELETE")
+        for row in rows:
+            del log.decisions[(row.sink_id, row.batch_id)]

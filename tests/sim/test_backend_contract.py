@@ -1,0 +1,387 @@
+"""The in-memory backend against the real one: the same scenarios on both.
+
+Each scenario runs once on ``tests/sim/memory.py`` and once on ``PostgresBackend``
+over a real PostgreSQL with prepared transactions (``tests/fix_pg.py``), so what the
+simulation proves rests on a fake that behaves like the real commit log, sink lock
+and prepared transactions where the protocol looks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import Binding
+from sqlsink.errors import ConfigError, TransientError
+from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.schema import ensure_schema
+from tests.fix_pg import forget_sink
+from tests.sim.memory import Clock, ConnectionLost, MemoryBackend, Server, SqlError
+
+
+class Refused(Exception):
+    """The server refused an operator's statement (a trigger, a foreign key)."""
+
+
+class Harness(Protocol):
+    database: str
+    role: str
+
+    def session(self, lock_timeout_s: float = 0.3) -> Any: ...
+    def prepare(self, gid: str) -> None: ...
+    def delete_sink(self, backend: Any, sink: str) -> None: ...
+    def delete_decisions(self, backend: Any, sink: str) -> None: ...
+    def forget(self, backend: Any, sink: str) -> int: ...
+    def sleep(self, seconds: float) -> None: ...
+    def lost(self, backend: Any) -> bool: ...
+
+
+class MemoryHarness:
+    database = "shop"
+    role = "sink"
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.server = Server(self.clock, advance=self._advance)
+
+    def _advance(self, to: float) -> None:
+        self.clock.now = max(self.clock.now, to)
+
+    def session(self, lock_timeout_s: float = 0.3) -> MemoryBackend:
+        session = self.server.connect(self.database, role=self.role, lock_timeout_s=lock_timeout_s)
+        return MemoryBackend(self.server, session)
+
+    def prepare(self, gid: str) -> None:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        backend = self.session()
+        backend.begin()
+        backend.write_row("t", gid)
+        backend.insert_marker(gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1)
+        assert backend.prepare(gid) == "PREPARE TRANSACTION"
+        backend.close()
+
+    def delete_sink(self, backend: MemoryBackend, sink: str) -> None:
+        try:
+            backend.operator_delete_sink(sink)
+        except SqlError as exc:
+            raise Refused(str(exc)) from None
+
+    def delete_decisions(self, backend: MemoryBackend, sink: str) -> None:
+        try:
+            backend.operator_delete_decisions(sink)
+        except SqlError as exc:
+            raise Refused(str(exc)) from None
+
+    def forget(self, backend: MemoryBackend, sink: str) -> int:
+        with backend.sink_lock(sink):
+            return backend.forget_sink(sink)
+
+    def sleep(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    def lost(self, backend: MemoryBackend) -> bool:
+        try:
+            backend.highest_decided("any")
+        except ConnectionLost:
+            return True
+        return False
+
+
+class PostgresHarness:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conns: list[psycopg.Connection[Any]] = []
+        conn = self._connect()
+        ensure_schema(conn)
+        row = conn.execute("SELECT current_database(), current_user").fetchone()
+        assert row is not None
+        self.database, self.role = str(row[0]), str(row[1])
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url, autocommit=True)
+        self.conns.append(conn)
+        return conn
+
+    def session(self, lock_timeout_s: float = 0.3) -> PostgresBackend:
+        return PostgresBackend(self._connect(), lock_timeout_s)
+
+    def prepare(self, gid: str) -> None:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            commit_log.insert_marker(
+                conn, gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1
+            )
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+
+    def _refused(self, backend: PostgresBackend, statement: str, sink: str) -> None:
+        try:
+            backend.conn.execute(statement, (sink,))
+        except (psycopg.errors.RaiseException, psycopg.errors.ForeignKeyViolation) as exc:
+            raise Refused(str(exc)) from None
+
+    def delete_sink(self, backend: PostgresBackend, sink: str) -> None:
+        self._refused(backend, "DELETE FROM sqlsink.sinks WHERE sink_id = %s", sink)
+
+    def delete_decisions(self, backend: PostgresBackend, sink: str) -> None:
+        self._refused(backend, "DELETE FROM sqlsink.decisions WHERE sink_id = %s", sink)
+
+    def forget(self, backend: PostgresBackend, sink: str) -> int:
+        with locks.sink_lock(backend.conn, sink, 5.0):
+            return commit_log.forget_sink(backend.conn, sink).decisions
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def lost(self, backend: PostgresBackend) -> bool:
+        try:
+            backend.highest_decided("any")
+        except psycopg.OperationalError:
+            return True
+        return False
+
+    def close(self, sinks: list[str]) -> None:
+        for conn in self.conns:
+            conn.close()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for sink in sinks:
+                for (gid,) in conn.execute(
+                    "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
+                    (commit_log.like_prefix(Gid.sink_prefix(sink)),),
+                ).fetchall():
+                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        for sink in sinks:
+            forget_sink(self.url, sink)
+
+
+@pytest.fixture
+def sinks() -> list[str]:
+    return [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def harness(request: pytest.FixtureRequest, sinks: list[str]) -> Iterator[Harness]:
+    if request.param == "memory":
+        yield MemoryHarness()
+        return
+    real = PostgresHarness(request.getfixturevalue("pg_url"))
+    yield real
+    real.close(sinks)
+
+
+def gid(sink: str, batch: int, partition: int = 0, run: str = "r1", attempt: int = 0) -> str:
+    return str(Gid(sink, batch, partition, run, attempt))
+
+
+def refused(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except Refused:
+        return True
+    return False
+
+
+def test_register_run_fences_every_older_run(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    b = harness.session()
+    assert b.register_run(sink, "r1", 60, holds_lock=False) is None
+    assert b.register_run(sink, "r1", 60, holds_lock=False) is None  # a heartbeat
+    assert b.register_run(sink, "r2", 60, holds_lock=False) is None
+    assert b.register_run(sink, "r1", 60, holds_lock=True) == "r2"
+    assert b.register_run(sink, "r3", 60, holds_lock=False) is None
+    assert b.register_run(sink, "r2", 60, holds_lock=False) == "r3"
+    assert b.register_run(sink, "r1", 60, holds_lock=False) == "r2"  # never newest again
+    state = b.task_state(sink, "r1", 0)
+    assert (state.fenced_by, state.decided, state.highest, state.prepared) == (
+        "r2",
+        False,
+        None,
+        (),
+    )
+    assert state.bound == Binding("unknown")  # a run's registration makes the row
+    assert b.task_state(sink, "r3", 0).fenced_by is None
+    assert b.attempt_fate(sink, "r2", 0, gid(sink, 0, run="r2")).fenced
+    assert not b.attempt_fate(sink, "r3", 0, gid(sink, 0, run="r3")).fenced
+    assert set(b.live_runs(sink)) == {(sink, "r3")}
+
+
+def test_bind_and_binding(harness: Harness, sinks: list[str]) -> None:
+    sink, other = sinks[0], sinks[1]
+    b = harness.session()
+    assert b.binding(sink) is None
+    b.bind(sink, Binding("stream", "q1"))
+    assert b.binding(sink) == Binding("stream", "q1")
+    b.bind(sink, Binding("load"))
+    assert b.binding(sink) == Binding("load")
+    # a row made by a run's registration binds to the first decision's writer
+    b.register_run(other, "r1", 60, holds_lock=False)
+    assert b.binding(other) == Binding("unknown")
+    assert b.insert_decision(other, 0, [], 0, "q7", "r1")
+    assert b.binding(other) == Binding("stream", "q7")
+    assert b.insert_decision(other, 1, [], 0, None, "r1")
+    assert b.binding(other) == Binding("stream", "q7")  # a bound sink keeps its writer
+
+
+def test_insert_decision_once_highest_and_incomplete_decisions(
+    harness: Harness, sinks: list[str]
+) -> None:
+    sink = sinks[0]
+    g1, g2 = gid(sink, 3, 0), gid(sink, 3, 1)
+    harness.prepare(g1)
+    harness.prepare(g2)
+    b = harness.session()
+    assert b.highest_decided(sink) is None
+    assert b.insert_decision(sink, 3, [g1], 5, "q1", "r1")
+    assert not b.insert_decision(sink, 3, [g2], 9, "q1", "r1")  # one decision per batch
+    decided = b.decisions(sink, [(sink, 3)])[(sink, 3)]
+    assert (decided.gids, decided.rows, decided.complete) == (frozenset([g1]), 5, False)
+    assert (decided.query_id, decided.run_id) == ("q1", "r1")
+    assert b.insert_decision(sink, 4, [], 0, "q1", "r1")  # nothing to commit: complete
+    assert set(b.decisions(sink)) == {(sink, 3)}  # the incomplete ones, unasked
+    assert b.decisions(sink, [(sink, 4)])[(sink, 4)].complete
+    assert (sink, 3) in b.decisions(None)
+    assert b.highest_decided(sink) == 4
+    state = b.task_state(sink, "r1", 3)
+    assert (state.decided, state.highest, state.bound) == (True, 4, Binding("stream", "q1"))
+    assert set(state.prepared) == {g1, g2}
+    # COMMIT / ROLLBACK PREPARED say False once the gid is gone
+    assert b.commit_prepared(g1)
+    assert not b.commit_prepared(g1)
+    assert b.rollback_prepared(g2)
+    assert not b.rollback_prepared(g2)
+    assert not b.commit_prepared(g2)
+    assert b.visible_markers([g1, g2]) == {g1}
+    b.mark_complete(sink, [3])
+    assert b.decisions(sink) == {}
+    assert b.decisions(sink, [(sink, 3)])[(sink, 3)].complete
+    assert b.visible_markers([g1]) == set()  # a complete batch's markers go
+
+
+def test_mark_aborted_and_the_fate_of_an_attempt(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    mine, late = gid(sink, 2, 0, "r1", 1), gid(sink, 2, 0, "r1", 2)
+    b = harness.session()
+    b.register_run(sink, "r1", 60, holds_lock=False)
+    fate = b.attempt_fate(sink, "r1", 2, mine)
+    assert (fate.named, fate.fenced, fate.aborted) == (None, False, False)
+    b.mark_aborted(sink, "r1", 2)
+    assert b.attempt_fate(sink, "r1", 2, mine).aborted
+    assert b.attempt_fate(sink, "r1", 1, mine).aborted  # up to the aborted batch
+    assert not b.attempt_fate(sink, "r1", 3, mine).aborted
+    assert not b.attempt_fate(sink, "r9", 2, mine).aborted  # another run
+    harness.prepare(mine)
+    b.insert_decision(sink, 2, [mine], 1, "q1", "r1")
+    assert b.attempt_fate(sink, "r1", 2, mine).named is True
+    assert b.attempt_fate(sink, "r1", 2, late).named is False
+    assert b.commit_prepared(mine)
+
+
+def test_live_runs(harness: Harness, sinks: list[str]) -> None:
+    sink, other = sinks[0], sinks[1]
+    b = harness.session()
+    b.register_run(sink, "rA", 60, holds_lock=False)
+    b.register_run(other, "rB", 0.05, holds_lock=False)
+    harness.sleep(0.3)
+    live = b.live_runs(sink)
+    assert set(live) == {(sink, "rA")} and live[(sink, "rA")] >= 0
+    assert {k for k in b.live_runs(None) if k[0] in sinks} == {(sink, "rA")}
+    assert b.live_runs(other) == {}
+    b.register_run(sink, "rC", 60, holds_lock=False)
+    assert set(b.live_runs(sink)) == {(sink, "rC")}  # a superseded run is not live
+
+
+def test_prepared_by_prefix_and_database(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    longer = f"{sink}-x"  # a sink whose id starts with the other's
+    mine, theirs = gid(sink, 0), gid(longer, 0)
+    harness.prepare(mine)
+    harness.prepare(theirs)
+    b = harness.session()
+    try:
+        assert [t.gid for t in b.prepared(sink)] == [mine]
+        listed = {t.gid: t for t in b.prepared(None) if t.gid in (mine, theirs)}
+        assert set(listed) == {mine, theirs}
+        assert (listed[mine].database, listed[mine].owner) == (harness.database, harness.role)
+        assert b.task_state(sink, "r1", 0).prepared == (mine,)
+    finally:
+        b.rollback_prepared(mine)
+        b.rollback_prepared(theirs)
+
+
+def test_no_plain_statement_erases_an_incomplete_decision(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """Issue 12 item 1: the triggers of schema 3, and forget's refusals."""
+    sink = sinks[0]
+    g = gid(sink, 0)
+    harness.prepare(g)
+    b = harness.session()
+    b.register_run(sink, "r1", 0.05, holds_lock=False)
+    assert b.insert_decision(sink, 0, [g], 1, "q1", "r1")
+    assert refused(lambda: harness.delete_sink(b, sink))
+    assert refused(lambda: harness.delete_decisions(b, sink))
+    with pytest.raises(ConfigError):  # prepared, and incomplete
+        harness.forget(b, sink)
+    assert b.commit_prepared(g)
+    with pytest.raises(ConfigError):  # incomplete still
+        harness.forget(b, sink)
+    b.mark_complete(sink, [0])
+    assert refused(lambda: harness.delete_sink(b, sink))  # decided batches: forget, not DELETE
+    b.register_run(sink, "r2", 60, holds_lock=False)
+    with pytest.raises(ConfigError):  # a live run
+        harness.forget(b, sink)
+    b.register_run(sink, "r3", 0.05, holds_lock=False)
+    harness.sleep(0.3)
+    assert harness.forget(b, sink) == 1
+    assert b.binding(sink) is None
+    assert b.decisions(sink, [(sink, 0)]) == {}
+    assert b.highest_decided(sink) is None
+    assert b.register_run(sink, "r1", 60, holds_lock=False) is None  # forgotten runs too
+
+
+def test_sink_lock_excludes_and_ends_only_a_fenced_holder(
+    harness: Harness, sinks: list[str]
+) -> None:
+    sink = sinks[0]
+    a, b = harness.session(0.3), harness.session(0.3)
+    held: AbstractContextManager[None] = a.sink_lock(sink)
+    held.__enter__()
+    a.register_run(sink, "r1", 60, holds_lock=True)
+    with pytest.raises(TransientError), b.sink_lock(sink):  # r1 is the newest: it stays
+        pass
+    assert not harness.lost(a)
+    with a.sink_lock(sink):  # the lock stacks in its own session
+        pass
+    b.register_run(sink, "r2", 60, holds_lock=False)  # r1 is fenced now
+    with b.sink_lock(sink):  # so its holder is ended, and the lock is b's
+        assert harness.lost(a)
+    with b.sink_lock(sink):  # and free again
+        pass
+
+
+def test_prune_keeps_incomplete_decisions(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    g = gid(sink, 1)
+    harness.prepare(g)
+    b = harness.session()
+    assert b.insert_decision(sink, 0, [], 0, "q1", "r1")
+    assert b.insert_decision(sink, 1, [g], 1, "q1", "r1")
+    assert b.insert_decision(sink, 2, [], 0, "q1", "r1")
+    assert b.prune_decisions(sink, 1) == 1  # batch 0; batch 1 is incomplete
+    assert set(b.decisions(sink, [(sink, 0), (sink, 1), (sink, 2)])) == {(sink, 1), (sink, 2)}
+    assert b.commit_prepared(g)
+    b.mark_complete(sink, [1])
+    assert b.prune_decisions(sink, 1) == 1
+    assert b.prune_decisions(sink, 1) == 0
+    assert b.highest_decided(sink) == 2

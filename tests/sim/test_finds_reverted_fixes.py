@@ -1,0 +1,160 @@
+"""The simulation has teeth: with a fix of issue 12 reverted, it finds a violation.
+
+For each of items 1, 2, 3, 8, 9 and 10, the fix is patched out (``mutants``) and
+worlds of seeds 0, 1, ... run until one fails, within ``MAX_STEPS``. Each item has a
+profile that makes its scenario common (a second writer, a checkpoint restored from
+an older copy, zombies, retries after PREPARE, a query replaced while half-committed),
+built from the same world as the default run.
+
+The checks that see a broken rule at once (a task going on for a writer the sink
+refuses, a plain DELETE erasing an incomplete decision) are then silenced, and the
+simulation must still find the harm the revert does further on: a decided batch
+partly rolled back, a writer taking another's batch for its own, a batch committed
+below the highest, a zombie resolving the newest run's transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+
+import pytest
+
+from tests.fix_sim import SimOptions
+from tests.sim import mutants
+from tests.sim.checks import KNOWN
+from tests.sim.world import Profile, World, report
+
+MAX_STEPS = 60_000
+TASK_CHECKS = frozenset({"task-refused-writer", "task-below-highest", "task-fenced"})
+
+
+@dataclass(frozen=True)
+class Case:
+    item: str
+    what: str
+    mutant: Callable[[], AbstractContextManager[None]]
+    profile: Profile
+    invariants: frozenset[str]  # what the first violation may be
+    silenced: frozenset[str] = frozenset()  # checks silenced for the second search
+    harm: frozenset[str] = frozenset()  # what the harm found then may be
+    needle: str = ""  # the second search goes on until a violation says this
+
+
+BASE = replace(Profile(), p_second_writer=0.0, p_second_sink=0.0, p_rollback=0.0)
+
+CASES = [
+    Case(
+        "1",
+        "decisions cascade from sinks and no trigger keeps them (schema 1)",
+        mutants.none,
+        replace(
+            BASE,
+            cascade=True,
+            p_replace=1.0,
+            crash_at=(("COMMIT PREPARED", 0.3), ("mark complete", 0.3)),
+        ),
+        frozenset({"1"}),
+        frozenset({"log-erased"}),
+        frozenset({"1"}),
+    ),
+    Case(
+        "2",
+        "a binding without a query id (a batch load) passes every check",
+        mutants.item_2_null_binding_passes,
+        replace(BASE, p_second_writer=1.0, p_second_is_load=1.0),
+        frozenset({"8"}),
+        TASK_CHECKS,
+        frozenset({"8", "7"}),
+    ),
+    Case(
+        "3",
+        "no check_forward: a batch below the highest decided passes as a replay",
+        mutants.item_3_no_forward_check,
+        replace(BASE, p_rollback=1.0, rollback=0.2),
+        frozenset({"9"}),
+        TASK_CHECKS,
+        frozenset({"9", "7"}),
+    ),
+    Case(
+        "8",
+        "abort without the binding check, acting on other runs (b5cc5c7's abort_batch)",
+        mutants.item_8_abort_beyond_its_run,
+        replace(BASE, p_second_writer=1.0),
+        frozenset({"10", "8"}),
+        frozenset(),
+        frozenset({"10", "8"}),
+        "an abort acts beyond its own run",
+    ),
+    Case(
+        "9",
+        "fencing ignored: superseded runs commit, resolve, write",
+        mutants.item_9_fencing_ignored,
+        replace(BASE, pause=0.03, zombie_restart=0.3),
+        frozenset({"10"}),
+        TASK_CHECKS,
+        frozenset({"10"}),
+        "superseded before it took the sink lock, rolled back",
+    ),
+    Case(
+        "10",
+        "a retry does not adopt its earlier attempt's prepared transaction",
+        mutants.item_10_no_adoption,
+        replace(BASE, p_keyed=1.0),
+        frozenset({"12"}),
+    ),
+]
+
+
+def search(
+    case: Case, silenced: frozenset[str], invariants: frozenset[str], needle: str = ""
+) -> tuple[World, str, int, int]:
+    """Worlds of seeds 0, 1, ... under the mutant until one fails (with ``needle`` in its
+    violation): (world, its report, the seed, the steps run in all). Every failure met
+    on the way must be a violation of ``invariants``."""
+    steps = seed = 0
+    with case.mutant():
+        while steps < MAX_STEPS:
+            world = World(seed, case.profile, tolerate=frozenset(KNOWN) | silenced)
+            failure = world.run()
+            steps += world.sim.steps
+            seed += 1
+            if failure is None:
+                continue
+            text = report(world, failure)
+            assert failure.kind == "violation", text
+            assert failure.invariant in invariants, text
+            if needle in failure.text:
+                return world, text, seed - 1, steps
+    pytest.fail(
+        f"issue 12 item {case.item} reverted ({case.what}): no violation in {steps:,} steps "
+        f"over {seed} seeds",
+        pytrace=False,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"item-{c.item}" for c in CASES])
+def test_the_simulation_finds_a_reverted_fix(
+    case: Case, sim_options: SimOptions, sim_report: list[str]
+) -> None:
+    if sim_options.seed is not None:
+        pytest.skip("--sim-seed replays one seed of the default run")
+    searches = [(frozenset[str](), case.invariants, "")]
+    if case.harm:
+        searches.append((case.silenced, case.harm, case.needle))
+    for silenced, invariants, needle in searches:
+        world, _, seed, steps = search(case, silenced, invariants, needle)
+        failure = world.sim.failure
+        assert failure is not None
+        how = (
+            "first violation"
+            if not (silenced or needle)
+            else "with the direct checks silenced, its harm"
+            if silenced
+            else "its harm"
+        )
+        sim_report.append(
+            f"item {case.item} reverted ({case.what}): {how} found at seed {seed}, "
+            f"after {steps:,} steps: {failure.text.splitlines()[0]}"
+        )

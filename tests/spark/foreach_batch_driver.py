@@ -1,0 +1,60 @@
+"""A foreachBatch query writing two tables per batch, in its own process, to be killed
+for real by an armed fault (see tests/spark/crash_driver.py for the data source's).
+
+    python -m tests.spark.foreach_batch_driver SOURCE CHECKPOINT URL SINK_ID ORDERS LINES
+
+Run it with SQLSINK_FAULTS_FILE set and in a new session (process group).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def two_tables(url: str, sink_id: str, orders: str, lines: str) -> Callable[[Any, int], None]:
+    """Each batch into two tables, one decision: ``orders`` appended, ``lines`` upserted.
+
+    One partition per table, so a batch has exactly two transactions (part 0, part 1)."""
+    import sqlsink
+
+    writer = sqlsink.ForeachBatchWriter(url=url, sink_id=sink_id)
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        with writer.batch(batch_id) as b:
+            b.append(batch_df.select("id", "payload").coalesce(1), orders)
+            b.upsert(batch_df.select("id", "amount").coalesce(1), lines, key=["id"])
+
+    return write
+
+
+def run(spark: Any, source: Path, checkpoint: Path, function: Callable[[Any, int], None]) -> Any:
+    from tests.spark.streams import SCHEMA
+
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    query = (
+        events.writeStream.foreachBatch(function)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise query.exception()
+    return query
+
+
+def main() -> int:
+    source, checkpoint, url, sink_id, orders, lines = sys.argv[1:7]
+    from tests.spark.streams import local_session
+
+    spark = local_session("sqlsink-foreach-batch-crash-driver")
+    run(spark, Path(source), Path(checkpoint), two_tables(url, sink_id, orders, lines))
+    print("drained without being killed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

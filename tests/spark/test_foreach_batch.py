@@ -1,0 +1,293 @@
+"""The foreachBatch writer end to end, in the shared SparkSession against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import sqlsink
+from sqlsink.core.gid import Gid
+from sqlsink.errors import ConfigError, SinkBindingError
+from tests.fix_pg import PgServer, prepared_transactions
+from tests.spark.streams import SCHEMA, decided_batches, table_ids, write_source
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stream(spark: Any, source: Path, checkpoint: Path, function: Any) -> Any:
+    """Run a foreachBatch query over ``source`` until drained; raise its error if it failed."""
+    events = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .repartition(2)
+    )
+    query = (
+        events.writeStream.foreachBatch(function)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise query.exception()
+    return query
+
+
+def sink_prepared(server: PgServer) -> list[str]:
+    return [gid for gid, _ in prepared_transactions(server.admin_url)]
+
+
+def test_stream_writes_every_record_once_under_spark_identity(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", createTable="true")
+    write_source(tmp_path / "src", [range(0, 40), range(40, 90), range(90, 100)])
+    query = stream(spark, tmp_path / "src", tmp_path / "chk", writer.to(table))
+    assert table_ids(pg_url, table) == list(range(100))
+    assert decided_batches(pg_url, writer.sink_id) == {0: True, 1: True, 2: True}
+    assert sink_prepared(pg_server) == []
+    with psycopg.connect(pg_url) as conn:
+        bound = conn.execute(
+            "SELECT query_id FROM sqlsink.sinks WHERE sink_id = %s", (writer.sink_id,)
+        ).fetchall()
+        runs = conn.execute(
+            "SELECT run_id, checkpoint_location FROM sqlsink.runs WHERE sink_id = %s",
+            (writer.sink_id,),
+        ).fetchall()
+    # the identity is Spark's own: the query's id, its run id, its checkpoint
+    assert bound == [(str(query.id),)]
+    assert [r[0] for r in runs] == [str(query.runId)]
+    assert runs[0][1] is not None and "chk" in runs[0][1]
+
+
+def test_replay_of_a_batch_id_writes_nothing_twice(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", createTable="true")
+    write_source(tmp_path / "src", [range(0, 30), range(30, 60)])
+    stream(spark, tmp_path / "src", tmp_path / "chk", writer.to(table))
+    for name in ("1", ".1.crc"):  # as if the driver died after the commit, before commits/1
+        (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
+    query = stream(spark, tmp_path / "src", tmp_path / "chk", writer.to(table))
+    assert [p["batchId"] for p in query.recentProgress] == [1]  # Spark did run batch 1 again
+    assert table_ids(pg_url, table) == list(range(60))
+    assert sink_prepared(pg_server) == []
+
+
+def test_direct_calls_with_a_given_query_id_replay_once(
+    spark: Any, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    """Outside a stream (or where Spark's local properties are hidden), query_id= names
+    the writer; the run identity is then the writer object's own."""
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", query_id="given-query", createTable="true"
+    )
+    write = writer.to(table)
+    df = spark.range(0, 25).repartition(3)
+    write(df, 0)
+    write(df, 0)  # the same batch id again: a replay
+    write(spark.range(25, 30), 1)
+    assert table_ids(pg_url, table) == list(range(30))
+    assert sink_prepared(pg_server) == []
+    with psycopg.connect(pg_url) as conn:
+        runs = conn.execute(
+            "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s", (writer.sink_id,)
+        ).fetchall()
+    assert runs == [(writer.process_run_id,)]
+    with pytest.raises(Exception, match="already decided"):  # forward only: 0 is behind 1
+        write(spark.range(100, 105), 0)
+
+
+def test_task_failing_after_prepare_commits_exactly_once(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, faults: Any, pg_server: PgServer
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", createTable="true")
+    write_source(tmp_path / "src", [range(0, 20), range(20, 40)])
+    faults(
+        [{"point": "after_prepare", "batch": 1, "partition": 0, "attempt": 0, "action": "raise"}]
+    )
+    stream(spark, tmp_path / "src", tmp_path / "chk", writer.to(table))
+    assert [(f["batch"], f["partition"]) for f in faults.fired()] == [(1, 0)]
+    assert table_ids(pg_url, table) == list(range(40))
+    assert sink_prepared(pg_server) == []
+    with psycopg.connect(pg_url) as conn:
+        (gids,) = conn.execute(
+            "SELECT gids FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = 1",
+            (writer.sink_id,),
+        ).fetchone()
+    assert len(gids) == 2  # the retry adopted the first attempt's transaction
+
+
+def test_two_tables_killed_mid_commit_hold_the_batch_together(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer
+) -> None:
+    from tests.spark.foreach_batch_driver import run, two_tables
+
+    name = uuid.uuid4().hex[:10]
+    orders, lines, sink_id = f"o_{name}", f"l_{name}", f"fb-{name}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(orders))
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, amount float8)").format(
+                sql.Identifier(lines)
+            )
+        )
+    write_source(tmp_path / "src", [range(0, 30), range(30, 70), range(70, 100)])
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "mid_commit", "batch": 1, "action": "kill"}]))
+    env = {**os.environ, "SQLSINK_FAULTS_FILE": str(faults), "PYSPARK_PYTHON": sys.executable}
+    args = [str(tmp_path / "src"), str(tmp_path / "chk"), pg_url, sink_id, orders, lines]
+    driver = subprocess.run(
+        [sys.executable, "-m", "tests.spark.foreach_batch_driver", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # the fault kills this group, never the test runner
+    )
+    assert driver.returncode == -signal.SIGKILL, driver.stdout[-2000:] + driver.stderr[-4000:]
+    # killed between the two COMMIT PREPAREDs of batch 1: one table has it, one is prepared
+    assert decided_batches(pg_url, sink_id) == {0: True, 1: False}
+    left = [Gid.parse(g) for g in sink_prepared(pg_server)]
+    assert len(left) == 1 and left[0] is not None and left[0].batch_id == 1
+    seen = sorted([len(table_ids(pg_url, orders)), len(table_ids(pg_url, lines))])
+    assert seen == [30, 70]
+    # the restart (the shared session) finds batch 1 decided: its replay completes it
+    try:
+        run(spark, tmp_path / "src", tmp_path / "chk", two_tables(pg_url, sink_id, orders, lines))
+        assert table_ids(pg_url, orders) == list(range(100))
+        assert table_ids(pg_url, lines) == list(range(100))
+        assert sink_prepared(pg_server) == []
+        assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for t in (orders, lines):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(t)))
+
+
+def test_gids_of_a_two_table_batch_carry_their_part(
+    spark: Any, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", query_id="parts-query", createTable="true"
+    )
+    with writer.batch(0) as b:
+        b.append(spark.range(0, 4).coalesce(1), table)
+        b.append(spark.range(4, 8).coalesce(1), table)
+    assert table_ids(pg_url, table) == list(range(8))
+    with psycopg.connect(pg_url) as conn:
+        (gids,) = conn.execute(
+            "SELECT gids FROM sqlsink.decisions WHERE sink_id = %s", (writer.sink_id,)
+        ).fetchone()
+    parsed = sorted((g.part, g.partition_id) for g in map(Gid.parse, gids) if g is not None)
+    assert parsed == [(0, 0), (1, 0)]
+
+
+def test_a_failing_part_aborts_the_whole_batch(
+    spark: Any, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", query_id="abort-query", createTable="true"
+    )
+    with pytest.raises(RuntimeError, match="the job's own error"), writer.batch(0) as b:
+        b.append(spark.range(0, 4), table)
+        raise RuntimeError("the job's own error")
+    assert table_ids(pg_url, table) == []
+    assert sink_prepared(pg_server) == []
+    assert decided_batches(pg_url, writer.sink_id) == {}
+    # retried in the same process (no Spark run id here): a new run, and it commits
+    writer.to(table)(spark.range(0, 4), 0)
+    assert table_ids(pg_url, table) == [0, 1, 2, 3]
+
+
+def test_no_identity_is_refused(spark: Any, pg_url: str, table: str) -> None:
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}")
+    with pytest.raises(ConfigError, match=r"no streaming query id.*query_id="):
+        writer.to(table)(spark.range(3), 0)
+
+
+def test_two_writers_on_one_sink_id_are_refused(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    sink_id = f"fb-{table[2:]}"
+    first = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id, createTable="true")
+    write_source(tmp_path / "src", [range(0, 10)])
+    stream(spark, tmp_path / "src", tmp_path / "chk-a", first.to(table))
+    second = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id, createTable="true")
+    with pytest.raises(Exception, match="is bound to streaming query"):
+        stream(spark, tmp_path / "src", tmp_path / "chk-b", second.to(table))
+    with pytest.raises(SinkBindingError):
+        sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id, query_id="other").to(table)(
+            spark.range(3), 1
+        )
+    assert table_ids(pg_url, table) == list(range(10))
+
+
+def test_options_are_checked_when_the_writer_is_made(pg_url: str) -> None:
+    with pytest.raises(ConfigError, match="unknown option 'tabel'"):
+        sqlsink.ForeachBatchWriter(url=pg_url, sink_id="x", tabel="t")
+    with pytest.raises(ConfigError, match="not an option here"):
+        sqlsink.ForeachBatchWriter(url=pg_url, sink_id="x", table="t")
+    with pytest.raises(ConfigError, match="checkpoint_location="):
+        sqlsink.ForeachBatchWriter(url=pg_url, sink_id="x", checkpointLocation="/c")
+    with pytest.raises(ConfigError, match="invalid sinkId"):
+        sqlsink.ForeachBatchWriter(url=pg_url, sink_id="a_b")
+
+
+def test_update_mode_example_with_a_replay(spark: Any, pg_url: str, tmp_path: Path) -> None:
+    from examples import foreach_batch_counts
+
+    verdict = foreach_batch_counts.run(spark, pg_url, tmp_path)
+    assert verdict == {
+        "batches_run_1": 3,
+        "totals_right_after_run_1": True,
+        "replayed_batch": 2,
+        "replayed_input_rows": 20,  # Spark did run batch 2 again...
+        "rows_rewritten_by_replay": [],  # ...and the writer wrote nothing
+        "pages_expected": 4,
+        "pages_found": 4,
+        "wrong_totals": [],
+        "prepared_left": 0,
+        "ok": True,
+    }
+
+
+def test_a_wrong_batch_id_or_query_id_inside_foreach_batch_is_refused(
+    spark: Any, tmp_path: Path, pg_url: str, table: str
+) -> None:
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", createTable="true")
+    wrong = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", query_id="nope")
+    errors: list[str] = []
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        for call in (
+            lambda: writer.to(table)(batch_df, batch_id + 1),
+            lambda: wrong.to(table)(batch_df, batch_id),
+        ):
+            try:
+                call()
+            except ConfigError as exc:
+                errors.append(str(exc))
+        writer.to(table)(batch_df, batch_id)
+
+    write_source(tmp_path / "src", [range(0, 10)])
+    stream(spark, tmp_path / "src", tmp_path / "chk", write)
+    assert len(errors) == 2
+    assert "called with batch id 1, but Spark is running batch 0" in errors[0]
+    assert "query_id='nope' was given" in errors[1]
+    assert table_ids(pg_url, table) == list(range(10))
