@@ -200,6 +200,7 @@ class Batch:
         self.outcomes: list[PartitionOutcome | None] = []
         self.first_options: SinkOptions | None = None
         self.parts = 0
+        self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
 
     def __enter__(self) -> Batch:
         return self
@@ -246,6 +247,7 @@ class Batch:
         )
         if self.first_options is None:
             self.first_options = options
+        self.planned += _check_slots(df, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
         self.outcomes += _prepare(df, options, self.identity, self.batch_id, part)
 
@@ -330,6 +332,45 @@ class Batch:
             # the run marked this batch aborted: a retry of it in this process must be a
             # new run (Spark's own run ends with the failed query, so it never retries)
             self.writer.process_run_id = uuid.uuid4().hex
+
+
+def _check_slots(df: Any, options: SinkOptions, before: int, batch_id: int) -> int:
+    """Issue 12 item 12: every partition of the batch stays prepared until its commit, so
+    a server with fewer prepared-transaction slots than the batch's partitions can never
+    commit it. This writer knows the count before writing (the data source does not):
+    refuse before any slot is taken. Returns this DataFrame's partition count."""
+    from sqlsink.options import Semantic
+    from sqlsink.postgres import appnames
+    from sqlsink.postgres.checks import require_prepared_transactions
+    from sqlsink.postgres.connection import connect
+
+    try:
+        partitions = int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect has no RDDs: the tasks' own check (53200) remains
+        return 0
+    if options.semantic is not Semantic.EXACTLY_ONCE:
+        return partitions
+    total = before + partitions
+    if total <= _SLOTS_OK.get(options.url, 0):  # the slots only change with a restart
+        return partitions
+    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
+        try:
+            require_prepared_transactions(conn, total)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
+                + (f", after {before} of the batch's earlier DataFrames" if before else "")
+                + f"), nothing written: {exc.message}; or write fewer partitions "
+                "(batch_df.coalesce(n))",
+                **exc.context,
+            ) from None
+    _SLOTS_OK[options.url] = total
+    return partitions
+
+
+# url -> the most partitions a batch was checked to have slots for (this process);
+# the tasks' own error (SQLSTATE 53200) stays the backstop after a server restart
+_SLOTS_OK: dict[str, int] = {}
 
 
 def _prepare(

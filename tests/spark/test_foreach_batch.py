@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from psycopg import sql
 import sqlsink
 from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError, SinkBindingError
+from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.streams import SCHEMA, decided_batches, table_ids, write_source
 
@@ -291,3 +293,40 @@ def test_a_wrong_batch_id_or_query_id_inside_foreach_batch_is_refused(
     assert "called with batch id 1, but Spark is running batch 0" in errors[0]
     assert "query_id='nope' was given" in errors[1]
     assert table_ids(pg_url, table) == list(range(10))
+
+
+@pytest.fixture(scope="module")
+def four_slots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server with only four prepared-transaction slots."""
+    server = EmbeddedPostgres(
+        Path(tmp_path_factory.mktemp("slots")), settings={"max_prepared_transactions": 4}
+    )
+    with server:
+        yield server.url()
+
+
+def test_a_batch_with_more_partitions_than_slots_is_refused_before_writing(
+    spark: Any, four_slots: str
+) -> None:
+    """Issue 12 item 12: the foreachBatch writer knows the partition count before the
+    tasks run, so a batch that could never commit is refused before any slot is taken."""
+    writer = sqlsink.ForeachBatchWriter(
+        url=four_slots, sink_id="fb-slots", query_id="q-slots", createTable="true"
+    )
+    write = writer.to("slots")
+    write(spark.range(0, 12).repartition(3), 0)  # 3 partitions: fits
+    again = sqlsink.ForeachBatchWriter(url=four_slots, sink_id="fb-slots", query_id="q-slots")
+    with pytest.raises(ConfigError) as refused, again.batch(1) as batch:  # batch inside: aborts
+        batch.append(spark.range(100, 112).repartition(3), "slots")
+        batch.append(spark.range(200, 212).repartition(2), "slots")  # 5 in all: too many
+    message = str(refused.value)
+    assert message.startswith(
+        "batch 1: 5 partitions planned (this DataFrame's 2, after 3 of the batch's earlier "
+        "DataFrames), nothing written:"
+    )
+    assert "max_prepared_transactions = 4 is fewer than the 5 partitions" in message
+    assert "batch_df.coalesce(n)" in message
+    assert table_ids(four_slots, "slots") == list(range(12))
+    with psycopg.connect(four_slots, autocommit=True) as conn:
+        left = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
+    assert left == []
