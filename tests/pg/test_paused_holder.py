@@ -53,6 +53,15 @@ def wait_until(what: str, check: object, timeout_s: float = 20) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+def decided(url: str, sink: str, batch: int) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = %s",
+            (sink, batch),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def lock_holder_pids(url: str) -> list[int]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
@@ -71,6 +80,9 @@ def test_a_paused_zombie_holding_the_sink_lock_is_ended_by_the_new_run(
     zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
     try:
         wait_until("the zombie to hold the sink lock", lambda: lock_holder_pids(pg_url))
+        # paused in its sleep after the decision, not inside the decision's transaction
+        # (a zombie paused there holds the sink's row; see the README's limits)
+        wait_until("the zombie's decision", lambda: decided(pg_url, sink, 1))
         os.kill(zombie.pid, signal.SIGSTOP)  # a GC pause, a VM stall
         new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
         started = time.monotonic()
