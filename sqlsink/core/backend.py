@@ -79,6 +79,13 @@ class TwoPhaseBackend(Protocol):
         """(sink, run) of runs not fenced whose heartbeat is fresh -> its age in seconds."""
         ...
 
+    def await_batch_tasks(
+        self, sink_id: str, batch_id: int, timeout_s: float
+    ) -> tuple[list[int], list[int]]:
+        """Wait (at most ``timeout_s``) until no other session of the batch's partition
+        tasks is connected: (the pids connected at first, the pids still connected)."""
+        ...
+
     def insert_decision(
         self,
         sink_id: str,

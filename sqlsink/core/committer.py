@@ -48,6 +48,8 @@ log = logging.getLogger("sqlsink")
 DEFAULT_RUN_TIMEOUT_S = 300.0  # the option runTimeout
 DEFAULT_KEEP_BATCHES = 1000  # the option keepBatches: decisions kept (retention)
 PRUNE_EVERY = 100  # batches between two prunings (one DELETE per hundred batches)
+# how long an abort waits for its batch's tasks still connected (Spark kills them)
+ABORT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,7 @@ class Committer:
             if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
                 self.backend.mark_aborted(sink_id, run_id, batch_id)
             report = self._resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
+        report = self._after_late_tasks(run_id, batch_id, report)
         log.warning(
             "sqlsink %s: batch %d aborted (%s): %d rolled back, %d committed",
             sink_id,
@@ -299,6 +302,46 @@ class Committer:
         return report
 
     # -- recovery ----------------------------------------------------------------------
+
+    def _after_late_tasks(
+        self, run_id: str, batch_id: int, report: ResolutionReport
+    ) -> ResolutionReport:
+        """Sweep the aborted batch again once its tasks still connected have ended.
+
+        A task still loading when the sweep read the prepared transactions rolls itself
+        back after its PREPARE (``Participant.after_prepare``), unless its process is
+        ended in between: Spark kills the other tasks of a failed job, and ends a killed
+        task's Python worker ``spark.python.task.killTimeout`` (2 s) later. Its
+        transaction would stay prepared, holding its locks and a slot, until the next
+        run or a recover. So wait (bounded) for the batch's task sessions to end, and
+        sweep again (found by tests/spark/test_secrets.py under load)."""
+        sink_id = self._sink()
+        seen, left = self.backend.await_batch_tasks(sink_id, batch_id, ABORT_GRACE_S)
+        if seen:
+            with self.backend.sink_lock(sink_id):
+                again = self._resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
+            report = ResolutionReport(
+                committed=[*report.committed, *again.committed],
+                rolled_back=[*report.rolled_back, *again.rolled_back],
+                left=again.left,  # what is left is what the second sweep left
+                already_committed=[*report.already_committed, *again.already_committed],
+                lost=[*report.lost, *again.lost],
+                completed_batches=sorted({*report.completed_batches, *again.completed_batches}),
+            )
+        if left:
+            log.warning(
+                "sqlsink %s: batch %d aborted while %d of its task session(s) (pid %s) were "
+                "still connected after %.0f s; a task that prepares later rolls itself "
+                "back, and if its process is killed first, the next run of the query or "
+                "sqlsink recover --sink-id %s rolls its transaction back",
+                sink_id,
+                batch_id,
+                len(left),
+                ", ".join(map(str, left)),
+                ABORT_GRACE_S,
+                sink_id,
+            )
+        return report
 
     def recover(self, *, dry_run: bool = False) -> tuple[Plan, ResolutionReport]:
         """Resolve every prepared gid of the sink (of every sink when ``sink_id`` is None)."""

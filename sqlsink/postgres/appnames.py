@@ -22,6 +22,11 @@ def task(sink_id: str, batch_id: int, partition_id: int) -> str:
     return _cut(f"sqlsink sink {sink_id}, batch {batch_id}, partition {partition_id}")
 
 
+def batch_tasks(sink_id: str, batch_id: int) -> str:
+    """What every partition task's session of the batch is named with, and starts with."""
+    return _cut(f"sqlsink sink {sink_id}, batch {batch_id}, partition ")
+
+
 def committer(sink_id: str) -> str:
     """The driver's commit (or abort) session."""
     return _cut(f"sqlsink {sink_id} commit")

@@ -14,7 +14,7 @@ from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres import commit_log, locks, syncrep
+from sqlsink.postgres import appnames, commit_log, locks, syncrep
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 
@@ -103,6 +103,26 @@ class PostgresBackend:
 
     def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
         return commit_log.live_runs(self.conn, sink_id)
+
+    def await_batch_tasks(
+        self, sink_id: str, batch_id: int, timeout_s: float
+    ) -> tuple[list[int], list[int]]:
+        # a task's session ends when its process does (its open transaction rolls back,
+        # a prepared one stays): polled, as the server offers no wait on another session
+        deadline = time.monotonic() + timeout_s
+        prefix = like_prefix(appnames.batch_tasks(sink_id, batch_id))
+        seen: list[int] | None = None
+        while True:
+            rows = self.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND application_name LIKE %s ORDER BY pid",
+                (prefix,),
+            ).fetchall()
+            pids = [int(r[0]) for r in rows]
+            seen = pids if seen is None else seen
+            if not pids or time.monotonic() >= deadline:
+                return seen, pids
+            time.sleep(0.05)
 
     def insert_decision(
         self,

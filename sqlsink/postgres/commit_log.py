@@ -53,8 +53,8 @@ FROM (SELECT) AS one LEFT JOIN sqlsink.sinks s ON s.sink_id = %(sink)s
 
 
 def like_prefix(prefix: str) -> str:
-    """A LIKE pattern matching strings that start with ``prefix`` ('_' taken literally)."""
-    return prefix.replace("_", r"\_") + "%"
+    """A LIKE pattern matching strings that start with ``prefix`` (taken literally)."""
+    return prefix.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_") + "%"
 
 
 def task_state(

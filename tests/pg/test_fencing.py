@@ -5,6 +5,11 @@ interleaving run for real against PostgreSQL with the sink's own code."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -16,6 +21,7 @@ from sqlsink.errors import FencedError, SinkBindingError, TransientError
 from sqlsink.postgres.partition import write_partition
 from tests.fix_pg import forget_sink
 from tests.pg.protocol import Writer, ids_of, new_sink, prepared_of, rows
+from tests.programs import REPO
 
 
 def test_a_resumed_zombie_driver_is_fenced_and_touches_nothing_of_the_new_run(
@@ -153,3 +159,60 @@ def test_a_lock_timeout_names_the_prepared_transaction_and_how_to_resolve_it(
         forget_sink(pg_url, fresh)
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"ROLLBACK PREPARED '{leftover.gid}'")
+
+
+KILLED_TASK = """\
+import sys
+from tests.pg.protocol import Writer
+url, table, sink, query_id, run = sys.argv[1:6]
+Writer(url, table, sink, query_id=query_id, run=run).write(1, range(5, 10))
+"""
+
+
+def test_a_task_killed_between_its_prepare_and_its_own_check_is_rolled_back_by_the_abort(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """A failing job's abort() and Spark's kill of the stage's other tasks race: a task
+    still loading when abort's sweep read the prepared transactions PREPAREs afterwards,
+    and Spark's kill (spark.python.task.killTimeout) ends its Python worker before its
+    own check after PREPARE (test_a_task_that_prepares_after...) can roll it back. Its
+    transaction stayed prepared, holding its row locks and a slot, until the next run
+    or a recover. The abort waits for the batch's task sessions to end, then sweeps
+    again."""
+    writer = Writer(pg_url, keyed, sink, query_id="q")
+    writer.batch(0, range(5))
+    faults = tmp_path / "faults.json"
+    faults.write_text(
+        json.dumps(
+            [
+                {"point": "mid_copy", "batch": 1, "action": "sleep", "seconds": 3},
+                {"point": "after_prepare", "batch": 1, "action": "kill"},
+            ]
+        )
+    )
+    task = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TASK, pg_url, keyed, sink, "q", writer.run],
+        cwd=REPO,
+        env={**os.environ, FAULTS_ENV: str(faults)},
+        start_new_session=True,  # the kill fault kills its own session: this process only
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fired = Path(f"{faults}.fired")
+        deadline = time.monotonic() + 60
+        while not fired.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fired.exists(), "the task never reached mid-COPY"
+        report = writer.abort(1, [None])  # the job failed while the task still loads ...
+        task.wait(timeout=60)  # ... which then prepared, and was killed before its check
+    finally:
+        if task.poll() is None:
+            task.kill()
+            task.wait()
+    assert task.returncode == -signal.SIGKILL, task.stderr.read() if task.stderr else ""
+    points = [json.loads(line)["point"] for line in fired.read_text().splitlines()]
+    assert points == ["mid_copy", "after_prepare"]
+    assert prepared_of(pg_url, sink) == []
+    assert len(report.rolled_back) == 1 and "_1_0_" in report.rolled_back[0]
+    assert ids_of(pg_url, keyed) == list(range(5))

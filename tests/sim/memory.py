@@ -639,6 +639,27 @@ class MemoryBackend:
             and (sink_id is None or run.sink_id == sink_id)
         }
 
+    def await_batch_tasks(
+        self, sink_id: str, batch_id: int, timeout_s: float
+    ) -> tuple[list[int], list[int]]:
+        def tasks() -> list[int]:
+            return [
+                s.pid
+                for s in self.server.sessions.values()
+                if s is not self.session
+                and getattr(s.purpose, "kind", None) == "task"
+                and getattr(s.purpose, "sink", None) == sink_id
+                and getattr(s.purpose, "batch", None) == batch_id
+            ]
+
+        self._call(f"tasks of {sink_id} batch {batch_id}")
+        seen = left = tasks()
+        deadline = self._now() + timeout_s
+        while left and self._now() < deadline:
+            self._call(f"wait for tasks of batch {batch_id}", lambda: not tasks(), deadline)
+            left = tasks()
+        return seen, left
+
     def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
         self._call(f"live runs {sink_id}")
         live = self._live(sink_id)

@@ -21,11 +21,12 @@ from psycopg import sql
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres import appnames, commit_log, locks
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import forget_sink
 from tests.sim.memory import Clock, ConnectionLost, MemoryBackend, Server, SqlError
+from tests.sim.world import Purpose
 
 
 class Refused(Exception):
@@ -43,6 +44,7 @@ class Harness(Protocol):
     def forget(self, backend: Any, sink: str) -> int: ...
     def sleep(self, seconds: float) -> None: ...
     def lost(self, backend: Any) -> bool: ...
+    def task_session(self, sink: str, batch: int) -> Callable[[], None]: ...
 
 
 class MemoryHarness:
@@ -95,6 +97,12 @@ class MemoryHarness:
         except ConnectionLost:
             return True
         return False
+
+    def task_session(self, sink: str, batch: int) -> Callable[[], None]:
+        session = self.server.connect(
+            self.database, role=self.role, purpose=Purpose("task", sink, batch=batch, partition=0)
+        )
+        return lambda: self.server.end_session(session, terminated=False)
 
 
 class PostgresHarness:
@@ -150,6 +158,10 @@ class PostgresHarness:
         except psycopg.OperationalError:
             return True
         return False
+
+    def task_session(self, sink: str, batch: int) -> Callable[[], None]:
+        conn = psycopg.connect(self.url, application_name=appnames.task(sink, batch, 0))
+        return conn.close
 
     def close(self, sinks: list[str]) -> None:
         for conn in self.conns:
@@ -385,3 +397,20 @@ def test_prune_keeps_incomplete_decisions(harness: Harness, sinks: list[str]) ->
     assert b.prune_decisions(sink, 1) == 1
     assert b.prune_decisions(sink, 1) == 0
     assert b.highest_decided(sink) == 2
+
+
+def test_await_batch_tasks_waits_for_the_batchs_task_sessions_only(
+    harness: Harness, sinks: list[str]
+) -> None:
+    sink, other = sinks[0], sinks[1]
+    backend = harness.session()
+    assert backend.await_batch_tasks(sink, 1, 5.0) == ([], [])
+    close_mine = harness.task_session(sink, 1)
+    close_others = [harness.task_session(sink, 2), harness.task_session(other, 1)]
+    seen, left = backend.await_batch_tasks(sink, 1, 0.3)  # it stays: the wait ends
+    assert len(seen) == 1 and left == seen
+    close_mine()
+    harness.sleep(0.2)  # the server notices the closed connection
+    assert backend.await_batch_tasks(sink, 1, 5.0) == ([], [])
+    for close in close_others:
+        close()
