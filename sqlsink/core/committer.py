@@ -267,9 +267,14 @@ class Committer:
         if run_id is None:
             log.warning(
                 "sqlsink %s: batch %d aborted before any task reported; its run is unknown, "
-                "so nothing is rolled back now: the next batch or sqlsink recover resolves it",
+                "so nothing is rolled back now: a transaction a task of it prepared stays "
+                "prepared until the query starts again (its first task resolves it), or "
+                "until sqlsink recover --sink-id %s once the run's heartbeat is older than "
+                "runTimeout (sqlsink status names the run; recover --force --run-id RUN "
+                "at once)",
                 sink_id,
                 batch_id,
+                sink_id,
             )
             return ResolutionReport()
         with self.backend.sink_lock(sink_id):

@@ -30,6 +30,7 @@ POINTS = (
     "mid_copy",
     "after_prepare",
     "before_decision",
+    "in_decision",
     "after_decision",
     "mid_commit",
     "after_commit",

@@ -18,6 +18,7 @@ from datetime import datetime
 import psycopg
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
+from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, TaskState
 from sqlsink.errors import ConfigError
@@ -129,7 +130,7 @@ def register_run(
             bound_row = conn.execute(
                 "SELECT s.writer, s.query_id, (SELECT max(batch_id) FROM sqlsink.decisions d "
                 "                              WHERE d.sink_id = s.sink_id) "
-                "FROM sqlsink.sinks s WHERE s.sink_id = %s FOR UPDATE",
+                "FROM sqlsink.sinks s WHERE s.sink_id = %s FOR NO KEY UPDATE",
                 (sink_id,),
             ).fetchone()
             assert bound_row is not None
@@ -323,12 +324,19 @@ def insert_decision(
         # the decision must be durable before anything is committed
         conn.execute("SET LOCAL synchronous_commit = on")
         writer = Binding.of(query_id)
+        # a row made by a run's registration says no writer yet: the first decision's.
+        # The row is locked only when it is bound here (ON CONFLICT DO UPDATE would lock
+        # it whatever its WHERE says): a driver paused inside this transaction must not
+        # keep the next run from registering (schema version 6, invariant 11)
         conn.execute(
-            # a row made by a run's registration says no writer yet: the first decision's
             "INSERT INTO sqlsink.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s) "
-            "ON CONFLICT (sink_id) DO UPDATE SET writer = excluded.writer, "
-            "query_id = excluded.query_id WHERE sinks.writer IS NULL",
+            "ON CONFLICT (sink_id) DO NOTHING",
             (sink_id, writer.kind, writer.query_id),
+        )
+        conn.execute(
+            "UPDATE sqlsink.sinks SET writer = %s, query_id = %s "
+            "WHERE sink_id = %s AND writer IS NULL",
+            (writer.kind, writer.query_id, sink_id),
         )
         cur = conn.execute(
             "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
@@ -348,6 +356,7 @@ def insert_decision(
                 list(gids),
             ),
         )
+        crash_point("in_decision", batch_id)  # inside the transaction (tests pause here)
         return cur.rowcount == 1
 
 

@@ -120,3 +120,41 @@ def test_a_paused_live_holder_is_waited_for_boundedly_and_named(
     same.commit(1, [outcome])  # the holder is gone: the batch goes on
     assert ids_of(pg_url, keyed) == list(range(15))
     assert prepared_of(pg_url, sink) == []
+
+
+def in_decision_transaction(url: str, sink: str) -> bool:
+    """A session is inside the decision's transaction: it inserted batch 1's row."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+            "AND query ILIKE 'INSERT INTO sqlsink.decisions%%'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_zombie_paused_inside_its_decision_transaction_does_not_block_the_new_run(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The gap of the README's limits: the zombie's decision transaction held the sink's
+    row (its ON CONFLICT DO UPDATE; the foreign key's FOR KEY SHARE against the
+    registration's FOR UPDATE), so the new run could not even register to fence it:
+    every attempt ended at lockTimeout, until the zombie resumed or was killed."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "in_decision", "action": "sleep", "seconds": 8}]))
+    zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
+    try:
+        wait_until("the zombie inside its decision", lambda: in_decision_transaction(pg_url, sink))
+        os.kill(zombie.pid, signal.SIGSTOP)  # a GC pause inside the decision's transaction
+        new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
+        started = time.monotonic()
+        new.batch(1, range(10, 15))  # Spark re-runs batch 1: the zombie's decision never was
+        new.batch(2, range(15, 20))
+        assert time.monotonic() - started < 15
+        assert lock_holder_pids(pg_url) == []  # the zombie's session was ended
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(90)
+    assert zombie.returncode != 0  # its connection is gone: it commits nothing more
+    assert ids_of(pg_url, keyed) == list(range(20))
+    assert prepared_of(pg_url, sink) == []

@@ -118,7 +118,9 @@ def test_recover_leaves_a_live_runs_batch_while_nothing_of_it_is_connected(
 def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     pg_url: str, keyed: str, sink: str
 ) -> None:
-    writer = Writer(pg_url, keyed, sink, query_id="q", extra=RUN_TIMEOUT_1S)
+    writer = Writer(
+        pg_url, keyed, sink, query_id="q", extra={"runTimeout": "30s"}
+    )  # a loaded machine starts the CLI in seconds
     writer.batch(0, range(5))
     in_flight = [writer.write(1, range(5, 10), 0), writer.write(1, range(10, 15), 1)]
     fresh = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
@@ -128,7 +130,7 @@ def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     # the driver is gone: nothing of the run is heard from any more
     sql_exec(
         pg_url,
-        "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - interval '1.5 s' "
+        "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - interval '45 s' "
         "WHERE sink_id = %s",
         sink,
     )
@@ -137,8 +139,8 @@ def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     doc = sink_doc(late)
     assert doc["live"] is False and doc["live_runs"] == [] and doc["rolled_back"] == 2
     (run,) = doc["runs"]
-    assert run["state"] == "dead" and run["heartbeat_age_seconds"] >= 1.5
-    assert run["timeout_seconds"] == run["run_timeout_seconds"] == 1
+    assert run["state"] == "dead" and run["heartbeat_age_seconds"] >= 45
+    assert run["timeout_seconds"] == run["run_timeout_seconds"] == 30
     assert prepared_of(pg_url, sink) == []
     # were the driver only slow, its commit now fails loudly, and nothing of it is visible
     with pytest.raises(CommitError, match="no longer prepared"):
@@ -270,7 +272,7 @@ def test_status_warns_about_leftovers_that_no_live_run_will_finish(
     assert "STRANDED" in human.out and "runs:" in human.out and "batch 1 aborted" in human.out
 
     # a dead run's leftovers too, whatever their age
-    other = Writer(pg_url, keyed, sink, query_id="q", extra=RUN_TIMEOUT_1S)
+    other = Writer(pg_url, keyed, sink, query_id="q", extra={"runTimeout": "30s"})
     resolved = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
     assert resolved.code == 0 and resolved.actions()[late] == ("rollback", True)
     other.batch(1, range(5, 10))
@@ -286,7 +288,7 @@ def test_status_warns_about_leftovers_that_no_live_run_will_finish(
     assert dead.code == 1, dead.out + dead.err
     (warning,) = [w for w in dead.json["warnings"] if w["sink_id"] == sink]
     assert (
-        f"run {other.run} (dead: heard from 1m00s ago, timeout 1s: its runTimeout)"
+        f"run {other.run} (dead: heard from 1m00s ago, timeout 30s: its runTimeout)"
         in (warning["message"])
     )
     assert sqlsink("recover", "--url", pg_url, "--sink-id", sink).code == 0

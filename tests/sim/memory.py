@@ -592,7 +592,7 @@ class MemoryBackend:
         holds_lock: bool,
         admit: Callable[[Binding | None, int | None], None] | None = None,
     ) -> str | None:
-        """sqlsink.register_run of sql/003_writers_and_runs.sql, after ``admit`` under the
+        """sqlsink.register_run of sql/006_registration_row_lock.sql, after ``admit`` under the
         sink row's lock (commit_log.register_run): one step, as one transaction is."""
         self._call(f"register run {run_id} of {sink_id}{' (lock)' if holds_lock else ''}")
         log, now = self._log, self._now()
