@@ -4,11 +4,12 @@
 
 PLAN (JSON) holds the event log directory, optionally more Spark settings
 (``conf``), and a list of scenarios, each a query of its own (source, checkpoint,
-url, table) with the faults to arm while it runs. One application runs them one
-after the other: the JVMs, executors and Python workers start once. (``conf``
-is for experiments: ``{"spark.python.task.killTimeout": "60s"}`` lets a killed
-straggler's Python worker live on, wake up and PREPARE after its batch was
-decided and committed: a "zombie" attempt.)
+url, table, optionally more sink ``options``) with the faults to arm while it
+runs. One application runs them one after the other: the JVMs, executors and
+Python workers start once. (``conf`` is for experiments:
+``{"spark.python.task.killTimeout": "60s"}`` lets a killed straggler's Python
+worker live on, wake up and PREPARE after its batch was decided and committed: a
+"zombie" attempt.)
 
 The faults file is the one in ``SQLSINK_FAULTS_FILE``, handed on to the executors;
 before each query it is rewritten with the scenario's faults, and after it the
@@ -112,6 +113,7 @@ def main() -> int:
         fired.unlink(missing_ok=True)
         faults.write_text(json.dumps(scenario["faults"]))
         options = {"url": scenario["url"], "table": scenario["table"], "createTable": "true"}
+        options.update(scenario.get("options", {}))  # e.g. mode=upsert, lockTimeout
         run_query(spark, Path(scenario["source"]), Path(scenario["checkpoint"]), options)
         wait_for("the executors to be idle", idle)  # the straggler ended (killed or not)
         faults.write_text("[]")
