@@ -12,6 +12,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 
 $(VENV)/.installed: pyproject.toml
 	bash scripts/ensure-java.sh
+	bash scripts/ensure-postgres.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $@

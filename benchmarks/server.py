@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,9 @@ def postgres(url: str | None, base_dir: Path) -> Iterator[str]:
         return
     from sqlsink.postgres.embedded import EmbeddedPostgres
 
+    # the published figures were measured on PostgreSQL 16: keep runs comparable unless
+    # SQLSINK_PG_VERSION asks for another (the embedded server would pick the newest)
+    os.environ.setdefault("SQLSINK_PG_VERSION", "16")
     server = EmbeddedPostgres(base_dir, settings=SERVER_SETTINGS)
     server.start()
     watch_postgres(int((server.data_dir / "postmaster.pid").read_text().split()[0]))

@@ -16,6 +16,8 @@ from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S, 
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
+from sqlsink.postgres.connection import with_params
+from sqlsink.postgres.credentials import DEFAULT_CACHE_S, PasswordSource
 
 
 class Mode(enum.Enum):
@@ -36,6 +38,13 @@ KNOWN = {
     "url": "url",
     "table": "table",
     "password": "password",
+    "passwordcommand": "passwordCommand",
+    "passwordprovider": "passwordProvider",
+    "passwordcacheseconds": "passwordCacheSeconds",
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
     "sinkid": "sinkId",
     "semantic": "semantic",
     "createtable": "createTable",
@@ -44,6 +53,7 @@ KNOWN = {
     "runtimeout": "runTimeout",
     "checkpointcheck": "checkpointCheck",
     "keepbatches": "keepBatches",
+    "maxpartitions": "maxPartitions",
     "consistentview": "consistentView",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
@@ -51,6 +61,8 @@ KNOWN = {
     "transactiontimeoutwarningratio": "transactionTimeoutWarningRatio",
     "ignorecommitfailuresaftertransactiontimeout": "ignoreCommitFailuresAfterTransactionTimeout",
 }
+# libpq's TLS parameters: passed through as they are, overriding the URL's
+TLS_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
 # set by Spark itself, never by the user
 SPARK_OWNED = {"checkpointlocation", "path", "queryname"}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|min|minutes?|h|hours?)?\s*")
@@ -97,13 +109,17 @@ def _parse_bool(name: str, text: str) -> bool:
 class SinkOptions:
     url: str
     table: TableName
-    password: str | None = None
+    # fixed, or a command / callable asked at each connect (cached per process)
+    password: str | PasswordSource | None = None
     sink_id: str | None = None  # None: the streaming query's id
     semantic: Semantic = Semantic.EXACTLY_ONCE
     create_table: bool = False
     lock_timeout_s: float = 60.0
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S  # a run is live while heard from this recently
     keep_batches: int = DEFAULT_KEEP_BATCHES  # retention of the commit log's decisions
+    # at most this many partitions per batch: each non-empty one takes a connection and a
+    # prepared-transaction slot (None: no cap)
+    max_partitions: int | None = None
     checkpoint: str | None = None
     # relate the checkpoint's commits/ to the log at commit time (docs/DESIGN.md invariant 9)
     checkpoint_check: CheckpointMode = CheckpointMode.WARN
@@ -158,16 +174,22 @@ class SinkOptions:
             parse_duration("transactionTimeout", timeout) if timeout else None, ratio_value, ignore
         )
         view = _consistent_view(opts.get("consistentview", ""), table, semantic, mode)
+        tls = {k: opts[k] for k in TLS_PARAMS if opts.get(k)}
         return cls(
-            url=opts["url"],
+            url=with_params(opts["url"], tls),
             table=table,
-            password=opts.get("password"),
+            password=_password(opts),
             sink_id=check_sink_id(sink_id) if sink_id else None,
             semantic=semantic,
             create_table=_parse_bool("createTable", opts.get("createtable", "false")),
             lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
             run_timeout_s=parse_duration("runTimeout", opts.get("runtimeout", "5min")),
             keep_batches=_parse_count("keepBatches", opts.get("keepbatches", "1000")),
+            max_partitions=(
+                _parse_count("maxPartitions", opts["maxpartitions"])
+                if opts.get("maxpartitions")
+                else None
+            ),
             checkpoint=opts.get("checkpointlocation"),
             checkpoint_check=_choice(
                 "checkpointCheck", opts.get("checkpointcheck", "warn"), CheckpointMode
@@ -181,6 +203,23 @@ class SinkOptions:
 
     def __repr__(self) -> str:  # never show the password, even in a debugger
         return f"SinkOptions(table={self.table}, sink_id={self.sink_id}, semantic={self.semantic})"
+
+
+def _password(opts: Mapping[str, str]) -> str | PasswordSource | None:
+    """The option password, or a password source: passwordCommand / passwordProvider,
+    with passwordCacheSeconds (a duration, default 300 s)."""
+    given = [KNOWN[k] for k in ("password", "passwordcommand", "passwordprovider") if opts.get(k)]
+    if len(given) > 1:
+        raise ConfigError(f"options {' and '.join(given)}: give one of them, not both")
+    cache = opts.get("passwordcacheseconds")
+    cache_s = parse_duration("passwordCacheSeconds", cache) if cache else DEFAULT_CACHE_S
+    if cache and not (opts.get("passwordcommand") or opts.get("passwordprovider")):
+        raise ConfigError("option passwordCacheSeconds needs passwordCommand or passwordProvider")
+    if command := opts.get("passwordcommand"):
+        return PasswordSource.from_command(command, cache_s)
+    if provider := opts.get("passwordprovider"):
+        return PasswordSource.from_callable(provider, cache_s)
+    return opts.get("password")
 
 
 def _consistent_view(

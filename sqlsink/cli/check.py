@@ -1,8 +1,8 @@
 """``sqlsink check``: the server settings and privileges the sink needs.
 
-The checks themselves are ``sqlsink.postgres.status.run_checks``; this command prints
-their findings. It exits 2 when a finding is an error (the sink cannot run there as
-this role), 1 on warnings.
+The checks themselves are ``sqlsink.postgres.survey.server_checks.run_checks``; this
+command prints their findings. It exits 2 when a finding is an error (the sink cannot
+run there as this role), 1 on warnings.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import cast
 from sqlsink.cli.connect import identify, open_connection
 from sqlsink.cli.contract import CheckDocument, Envelope, FindingJson, FindingLevel, NoticeLevel
 from sqlsink.cli.output import EXIT_ERROR, EXIT_OK, EXIT_WARN, Notice, Output, header, table
-from sqlsink.postgres import status as st
 from sqlsink.postgres.checks import Finding
+from sqlsink.postgres.survey import server_checks
 
 
 def start(args: argparse.Namespace, envelope: Envelope) -> CheckDocument:
@@ -27,10 +27,10 @@ def start(args: argparse.Namespace, envelope: Envelope) -> CheckDocument:
 
 
 def run(args: argparse.Namespace, out: Output, doc: CheckDocument) -> int:
-    with open_connection(args.url, "check") as conn:
+    with open_connection(args.url, "check", args.password_command) as conn:
         me = identify(conn, doc)
         doc["server_version"] = me.server_version
-        findings = st.run_checks(conn, st.CheckContext(args.trigger_interval))
+        findings = server_checks.run_checks(conn, server_checks.CheckContext(args.trigger_interval))
     doc["findings"] = [_finding_json(f) for f in findings]
     # the top-level warnings say what made the exit code, as every command's do (issue 15)
     doc["warnings"] = [

@@ -7,9 +7,11 @@ import os
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import CliError
 from sqlsink.postgres import appnames
-from sqlsink.postgres import status as st
 from sqlsink.postgres.connection import Connection, connect
+from sqlsink.postgres.credentials import PasswordSource
 from sqlsink.postgres.schema import sql_dir
+from sqlsink.postgres.survey import decisions as pg_decisions
+from sqlsink.postgres.survey import roles as pg_roles
 
 SCHEMA_FIX = (
     "the schema is created by the sink's first run (its role needs CREATE on the "
@@ -19,22 +21,25 @@ SCHEMA_FIX = (
 )
 
 
-def open_connection(url: str, command: str) -> Connection:
+def open_connection(url: str, command: str, password_command: str | None = None) -> Connection:
+    """The command's session; with ``password_command`` (--password-command or
+    $SQLSINK_PASSWORD_COMMAND) the password is that command's output."""
     os.environ.setdefault("PGCONNECT_TIMEOUT", "10")
-    return connect(url, application_name=appnames.cli(command))
+    password = PasswordSource.from_command(password_command) if password_command else None
+    return connect(url, password, application_name=appnames.cli(command))
 
 
-def identify(conn: Connection, doc: Envelope) -> st.RoleInfo:
+def identify(conn: Connection, doc: Envelope) -> pg_roles.RoleInfo:
     """The role and database of the session, recorded in the document."""
-    me = st.role_info(conn)
+    me = pg_roles.role_info(conn)
     doc["database"] = me.database
     doc["role"] = me.role
     doc["superuser"] = me.superuser
     return me
 
 
-def require_schema(conn: Connection, me: st.RoleInfo) -> None:
-    if st.schema_version(conn) == 0:
+def require_schema(conn: Connection, me: pg_roles.RoleInfo) -> None:
+    if pg_decisions.schema_version(conn) == 0:
         raise CliError(
             f"the sqlsink schema (the commit log) is not installed in database {me.database}",
             SCHEMA_FIX,

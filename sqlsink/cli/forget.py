@@ -30,7 +30,7 @@ def start(args: argparse.Namespace, envelope: Envelope) -> ForgetDocument:
 
 
 def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
-    with open_connection(args.url, "forget") as conn:
+    with open_connection(args.url, "forget", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
         try:

@@ -11,8 +11,9 @@ from sqlsink.cli.output import Output, table
 from sqlsink.core.committer import data_loss_error
 from sqlsink.core.gid import Gid
 from sqlsink.core.resolution import Plan
-from sqlsink.postgres import status as st
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import prepared as pg_prepared
 
 LOSS_FIX = (
     "see the README's 'data loss' runbook; the decision stays incomplete, so "
@@ -24,8 +25,8 @@ def confirmed_losses(conn: Connection, plan: Plan) -> list[tuple[int, str]]:
     """The plan's decided gids gone without their marker: (batch, gid). Read-only, and
     confirmed by a second read."""
     candidates = {gid for _, gid in plan.to_verify}
-    gone = candidates - st.visible_markers(conn, candidates)
-    lost = st.confirm_lost(conn, gone)
+    gone = candidates - commit_log.visible_markers(conn, candidates)
+    lost = pg_prepared.confirm_lost(conn, gone)
     return [(batch, gid) for batch, gid in plan.to_verify if gid in lost]
 
 

@@ -24,8 +24,10 @@ from sqlsink.cli.contract import (
     NoticeLevel,
     SessionJson,
 )
-from sqlsink.postgres import status as st
 from sqlsink.postgres.connection import redact, secrets_of, shown, without_password
+from sqlsink.postgres.credentials import known_passwords
+from sqlsink.postgres.survey import roles as pg_roles
+from sqlsink.postgres.survey import sessions as pg_sessions
 
 EXIT_OK, EXIT_WARN, EXIT_ERROR, EXIT_LOSS = 0, 1, 2, 3
 
@@ -71,6 +73,9 @@ class Output:
         self.secrets = sorted((v for v in variants if v), key=len, reverse=True)
 
     def clean(self, text: str) -> str:
+        for secret in sorted(known_passwords(), key=len, reverse=True):  # --password-command's
+            for variant in (secret, quote(secret, safe=""), json.dumps(secret)[1:-1]):
+                text = text.replace(variant, "***") if variant else text
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return redact(text)
@@ -144,7 +149,7 @@ def new_envelope(command: CommandName, url: str | None) -> Envelope:
     }
 
 
-def session_json(s: st.Session) -> SessionJson:
+def session_json(s: pg_sessions.Session) -> SessionJson:
     return {
         "pid": s.pid,
         "application_name": s.application_name,
@@ -178,7 +183,7 @@ def exit_code(warnings: Sequence[Notice], lost: bool = False, failed: bool = Fal
 # -- the human report ---------------------------------------------------------------------
 
 
-def header(out: Output, command: str, me: st.RoleInfo, extra: str = "") -> None:
+def header(out: Output, command: str, me: pg_roles.RoleInfo, extra: str = "") -> None:
     who = "superuser" if me.superuser else "not superuser"
     out.line(
         f"sqlsink {command} on {out.shown_url}: database {me.database}, role {me.role} "

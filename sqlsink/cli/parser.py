@@ -54,7 +54,7 @@ again."""
 
 CONNECT_FIX = (
     "check that the server is up, and the host, port, "
-    "database and user of --url (and PGPASSWORD / ~/.pgpass)"
+    "database and user of --url (and PGPASSWORD / ~/.pgpass / --password-command)"
 )
 
 DocT = TypeVar("DocT", bound=Envelope)
@@ -121,6 +121,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("SQLSINK_URL"),
         help="PostgreSQL URL or conninfo of the sink's database (default: $SQLSINK_URL). "
         "Prefer PGPASSWORD or ~/.pgpass to a password in the URL",
+    )
+    p.add_argument(
+        "--password-command",
+        default=os.environ.get("SQLSINK_PASSWORD_COMMAND") or None,
+        metavar="COMMAND",
+        help="a command (run without a shell) that prints the password on stdout, "
+        "asked at connect and again if the server refuses the password, e.g. "
+        "'vault kv get -field=password secret/pg' (default: $SQLSINK_PASSWORD_COMMAND)",
     )
     p.add_argument(
         "--json",

@@ -42,9 +42,12 @@ from sqlsink.core.gid import Gid
 from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, DataLossError
 from sqlsink.postgres import commit_log, locks
-from sqlsink.postgres import status as st
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import decisions as pg_decisions
+from sqlsink.postgres.survey import prepared as pg_prepared
+from sqlsink.postgres.survey import roles as pg_roles
+from sqlsink.postgres.survey import sessions as pg_sessions
 
 PROGRESS_EVERY = 100
 
@@ -75,13 +78,13 @@ class Recovery:
 
     conn: Connection
     out: Output
-    me: st.RoleInfo
+    me: pg_roles.RoleInfo
     sink_id: str | None  # --sink-id, or the checkpoint's query id; None: every sink
     dry_run: bool
     force: bool
     run_ids: list[str]  # --run-id: the runs --force declares dead (of sink_id)
     lock_timeout: float
-    bound: dict[str, st.SinkRow]  # every sink of the database, with its query
+    bound: dict[str, pg_decisions.SinkRow]  # every sink of the database, with its query
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
     total: int = 0  # prepared transactions to finish, for the progress notes
@@ -103,12 +106,12 @@ class Recovery:
         finally:
             for sink in self.sinks:
                 if sink.locked:
-                    st.unlock_sink(self.conn, sink.sink_id)
+                    locks.unlock_sink(self.conn, sink.sink_id)
                     sink.locked = False
 
     def _sinks_with_leftovers(self) -> list[str]:
         """Every sink with a prepared gid in this database, or an incomplete decision."""
-        found = {d.sink_id for d in st.incomplete_decisions(self.conn)}
+        found = {d.sink_id for d in pg_decisions.incomplete_decisions(self.conn)}
         for txn in self.backend.prepared(None):
             gid = Gid.parse(txn.gid)
             if gid is not None and txn.database == self.backend.database:
@@ -119,7 +122,9 @@ class Recovery:
 
     def _prepare(self, sink: SinkRecovery) -> None:
         """Fence the named runs (--force), take the sink's lock, read its runs, plan."""
-        sink.sessions = st.sink_sessions(st.sqlsink_sessions(self.conn), sink.sink_id)
+        sink.sessions = pg_sessions.sink_sessions(
+            pg_sessions.sqlsink_sessions(self.conn), sink.sink_id
+        )
         sink.named = list(self.run_ids) if sink.sink_id == self.sink_id else []
         committer = Committer(self.backend, sink.sink_id)
         if self.dry_run:
@@ -150,11 +155,11 @@ class Recovery:
 
     def _plan_only(self, sink: SinkRecovery, committer: Committer) -> None:
         """A dry run: the plan and the losses, without acting (the named runs as dead)."""
-        sink.lock_busy = not st.try_sink_lock(self.conn, sink.sink_id)
+        sink.lock_busy = not locks.try_sink_lock(self.conn, sink.sink_id)
         if sink.lock_busy:
-            sink.holders = st.lock_holders(self.conn, sink.sink_id)
+            sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
         else:
-            st.unlock_sink(self.conn, sink.sink_id)
+            locks.unlock_sink(self.conn, sink.sink_id)
         self._survey_runs(sink, treat_as_dead=sink.named)
         sink.plan = committer.plan(Scope.everything(frozenset(r.run_id for r in sink.treated_live)))
         sink.lost = confirmed_losses(self.conn, sink.plan)
@@ -165,24 +170,24 @@ class Recovery:
     def _take_lock(self, sink: SinkRecovery, committer: Committer) -> bool:
         """The sink's lock: free at once, or within --lock-timeout (a committer holds it
         while it commits); a holder provably of a fenced run is ended. Else a refusal."""
-        sink.locked = st.try_sink_lock(self.conn, sink.sink_id)
+        sink.locked = locks.try_sink_lock(self.conn, sink.sink_id)
         if sink.locked:
             return True
         sink.lock_busy = True
-        sink.holders = st.lock_holders(self.conn, sink.sink_id)
+        sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
         self.out.note(
             f"sqlsink recover: sink {sink.sink_id}: waiting up to {self.lock_timeout:g}s for "
             f"the sink's lock ({sink.evidence()})"
         )
-        sink.locked = st.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
+        sink.locked = locks.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
         if not sink.locked:
             ended = locks.end_fenced_holders(self.conn, sink.sink_id)
             sink.ended += [pid for pid in ended if pid not in sink.ended]
             if ended:
-                sink.locked = st.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
+                sink.locked = locks.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
         if sink.locked:
             return True
-        sink.holders = st.lock_holders(self.conn, sink.sink_id) or sink.holders
+        sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id) or sink.holders
         self._survey_runs(sink)
         sink.plan = committer.plan(committer.recovery_scope())
         self._refuse(
@@ -219,7 +224,7 @@ class Recovery:
     def _refuse(self, sink: SinkRecovery, message: str, failed: bool = False) -> None:
         """Nothing is done for this sink; data loss is still looked for (read-only)."""
         if sink.locked:
-            st.unlock_sink(self.conn, sink.sink_id)
+            locks.unlock_sink(self.conn, sink.sink_id)
             sink.locked = False
         sink.status = "failed" if failed else "refused"
         sink.message = message
@@ -256,7 +261,7 @@ class Recovery:
             sink.status = "failed"
             sink.message = exc.message
         finally:
-            st.unlock_sink(self.backend.conn, sink.sink_id)
+            locks.unlock_sink(self.backend.conn, sink.sink_id)
             sink.locked = False
 
     def _progress(self, done: int) -> None:
@@ -291,7 +296,7 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             "--force declares runs of one sink dead: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
         )
-    with open_connection(args.url, "recover") as conn:
+    with open_connection(args.url, "recover", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
         if sink_id is not None and run_ids:
@@ -305,7 +310,7 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             args.force,
             run_ids,
             args.lock_timeout,
-            st.sinks(conn),
+            pg_decisions.sinks(conn),
         )
         if checkpoint is not None and sink_id is not None:
             check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
@@ -332,7 +337,7 @@ def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocum
     """The warnings, the human report and the document; the exit code."""
     conn, out, sink_id, sinks = recovery.conn, recovery.out, recovery.sink_id, recovery.sinks
     database = recovery.me.database
-    now = st.server_now(conn)
+    now = pg_prepared.server_now(conn)
     finished = recovery.backend.finished
     actions = all_actions(conn, sinks, finished, recovery.backend.database, sink_id, now)
     lost = [(sink.sink_id, batch, gid) for sink in sinks for batch, gid in sink.lost]

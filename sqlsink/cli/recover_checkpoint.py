@@ -19,8 +19,10 @@ from sqlsink.cli.contract import (
 from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.gid import Gid, check_sink_id
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import status as st
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import decisions as pg_decisions
+from sqlsink.postgres.survey import prepared as pg_prepared
+from sqlsink.postgres.survey import roles as pg_roles
 
 
 def sink_id_of_checkpoint(checkpoint: Checkpoint) -> str:
@@ -34,7 +36,10 @@ def sink_id_of_checkpoint(checkpoint: Checkpoint) -> str:
 
 
 def check_checkpoint_binding(
-    checkpoint: Checkpoint, sink_id: str, bound: dict[str, st.SinkRow], me: st.RoleInfo
+    checkpoint: Checkpoint,
+    sink_id: str,
+    bound: dict[str, pg_decisions.SinkRow],
+    me: pg_roles.RoleInfo,
 ) -> None:
     """Refuse a checkpoint of another query than the one the sink is bound to."""
     row = bound.get(sink_id)
@@ -53,14 +58,14 @@ def relate_checkpoint(
     conn: Connection,
     checkpoint: Checkpoint,
     sink_id: str,
-    bound: dict[str, st.SinkRow],
+    bound: dict[str, pg_decisions.SinkRow],
     warnings: list[Notice],
 ) -> CheckpointJson:
     """Each batch of the checkpoint against the commit log; its problems as warnings."""
     known = set(checkpoint.offsets) | checkpoint.commits
     oldest = min(known) if known else 0
-    decisions = st.decisions_from(conn, sink_id, oldest)
-    summary = st.batch_summary(conn, sink_id)
+    decisions = pg_decisions.decisions_from(conn, sink_id, oldest)
+    summary = pg_decisions.batch_summary(conn, sink_id)
     prepared = _prepared_here(conn, sink_id)
     states = {
         b: DecisionState(
@@ -97,7 +102,7 @@ def _prepared_here(conn: Connection, sink_id: str) -> dict[str, Gid]:
     """The sink's prepared gids in this database."""
     database = str(conn.info.dbname)
     prepared: dict[str, Gid] = {}
-    for txn in st.all_prepared(conn):
+    for txn in pg_prepared.all_prepared(conn):
         gid = Gid.parse(txn.gid)
         if gid is not None and gid.sink_id == sink_id and txn.database == database:
             prepared[txn.gid] = gid

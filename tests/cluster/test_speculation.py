@@ -29,12 +29,9 @@ which names a task id in each partition's decided gid.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -49,6 +46,8 @@ from sqlsink.core.gid import Gid
 from tests.cluster.fix_cluster import (
     WORKER_HOSTS,
     StandaloneCluster,
+    executor_logs,
+    run_in_group,
     spark_home,
     standalone_cluster,
 )
@@ -217,37 +216,18 @@ def run_driver(cluster: StandaloneCluster, directory: Path, plan: Path) -> dict[
         "SPARK_HOME": str(spark_home()),  # the cluster's: one Spark version
     }
     command = [sys.executable, "-m", "tests.cluster.speculation_driver"]
-    with open(log_path, "wb") as log:
-        driver = subprocess.Popen(
-            [*command, cluster.master_url, str(plan), str(out)],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code: int | None = driver.wait(timeout=DRIVER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(driver.pid, signal.SIGKILL)  # its JVM too, if still there
-            driver.wait()
+    code = run_in_group(
+        [*command, cluster.master_url, str(plan), str(out)],
+        cwd=REPO,
+        env=env,
+        log_path=log_path,
+        timeout_s=DRIVER_TIMEOUT_S,
+    )
     assert code == 0, (
         f"the driver failed (exit {code}):\n{log_path.read_text(errors='replace')[-6000:]}\n"
         f"{executor_logs(cluster)}"
     )
     return dict(json.loads(out.read_text()))
-
-
-def executor_logs(cluster: StandaloneCluster) -> str:
-    """The end of every executor's stderr (in the workers' work directories)."""
-    return "\n".join(
-        f"--- {path} ---\n{path.read_text(errors='replace')[-3000:]}"
-        for path in sorted(cluster.directory.glob("worker*/app-*/*/stderr"))
-    )
 
 
 def spark_events(directory: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,313 @@
+"""The rules: one finding per setting checked (see the package's docstring)."""
+
+from __future__ import annotations
+
+from sqlsink.postgres.checks.durations import (
+    _Required,
+    _required_time,
+    format_seconds,
+    recommended,
+)
+from sqlsink.postgres.checks.fixes import _alternative, describe_source, fix_statement
+from sqlsink.postgres.checks.model import (
+    DEFAULT_SAFETY_FACTOR,
+    ERROR,
+    LOCK_WAIT_FLOOR_S,
+    MIN_PREPARED_SLOTS,
+    OK,
+    SINK_LOCK_TIMEOUT_DEFAULT,
+    WARNING,
+    Finding,
+    ServerSettings,
+    Setting,
+)
+from sqlsink.postgres.versions import has_transaction_timeout
+
+_EFFECTS = {
+    "statement_timeout": (
+        "cancels any statement that runs longer, including a partition's COPY, one "
+        "statement that streams all of the partition's rows"
+    ),
+    "idle_in_transaction_session_timeout": (
+        "ends a partition's session that sits idle inside its transaction for longer: between "
+        "BEGIN, the COPY, the marker row and PREPARE TRANSACTION (not while the COPY streams)"
+    ),
+    "transaction_timeout": (
+        "ends a partition's transaction that lasts longer before it reaches PREPARE TRANSACTION"
+    ),
+}
+
+
+def analyse(
+    settings: ServerSettings,
+    *,
+    trigger_interval_s: float | None,
+    partitions: int | None,
+    slowest_write_s: float | None,
+    safety_factor: float = DEFAULT_SAFETY_FACTOR,
+    exactly_once: bool = True,
+) -> list[Finding]:
+    """One finding per setting checked (transaction_timeout from PostgreSQL 17 on).
+
+    ``trigger_interval_s``: the query's trigger interval (None, or 0 for "as fast as
+    possible", when unknown); ``partitions``: partitions per batch; ``slowest_write_s``:
+    the longest a partition's write (BEGIN to PREPARE) has taken.
+    """
+    out: list[Finding] = []
+    mpt = settings.settings.get("max_prepared_transactions")
+    if mpt is not None:
+        out.append(_prepared_slots(mpt, settings, partitions, exactly_once))
+    required = _required_time(trigger_interval_s, slowest_write_s, safety_factor)
+    for name in ("statement_timeout", "idle_in_transaction_session_timeout", "transaction_timeout"):
+        setting = settings.settings.get(name)
+        if setting is None or (
+            name == "transaction_timeout"
+            and not has_transaction_timeout(settings.server_version_num)
+        ):
+            continue
+        out.append(_transaction_timeout(setting, settings, required))
+    lock = settings.settings.get("lock_timeout")
+    if lock is not None:
+        out.append(_lock_timeout(lock, settings))
+    idle = settings.settings.get("idle_session_timeout")
+    if idle is not None:
+        out.append(_idle_session(idle, settings, trigger_interval_s))
+    names = settings.settings.get("synchronous_standby_names")
+    if names is not None:
+        out.append(_synchronous_standbys(names, settings))
+    return out
+
+
+# every non-empty partition of a batch holds a connection while it writes and a
+# prepared-transaction slot until the batch commits: what to do about it
+PER_PARTITION = (
+    "each non-empty partition of a batch takes a connection while it writes and a "
+    "prepared-transaction slot until the batch commits (200 shuffle partitions: 200 of "
+    "each); cap them with the option maxPartitions=N (the foreachBatch writer coalesces "
+    "each batch to N partitions; format('sqlsink') refuses a batch with more, so write "
+    "df.coalesce(N)) or lower spark.sql.shuffle.partitions, and keep N below "
+    "max_prepared_transactions / 2 and max_connections"
+)
+
+
+def prepared_slots_needed(partitions: int | None) -> int:
+    return max(MIN_PREPARED_SLOTS, 2 * (partitions or 0))
+
+
+def _prepared_slots(
+    s: Setting, settings: ServerSettings, partitions: int | None, exactly_once: bool
+) -> Finding:
+    source = describe_source(s, settings)
+    slots = int(s.setting)
+    needed = prepared_slots_needed(partitions)
+    in_use = settings.prepared_in_use
+    if not exactly_once:
+        return Finding(
+            OK,
+            s.name,
+            s.value,
+            source,
+            "not needed: only semantic=exactly_once prepares transactions",
+        )
+
+    def fix(n: int) -> str:
+        if s.source == "command line":
+            return (
+                f"restart PostgreSQL with -c max_prepared_transactions={n} (it is set on the "
+                "server's command line, which ALTER SYSTEM does not override)"
+            )
+        return f"ALTER SYSTEM SET max_prepared_transactions = {n}; -- then restart PostgreSQL"
+
+    if slots == 0:
+        return Finding(
+            ERROR,
+            s.name,
+            s.value,
+            source,
+            "prepared transactions are disabled on this server: set max_prepared_transactions "
+            f"to at least {needed} and restart PostgreSQL (exactly-once writes end each "
+            "partition's transaction with PREPARE TRANSACTION, which fails while it is 0; "
+            "or use the option semantic=at_least_once)",
+            fix(needed),
+        )
+    if partitions and slots < partitions:
+        return Finding(
+            ERROR,
+            s.name,
+            s.value,
+            source,
+            f"max_prepared_transactions = {slots} is fewer than the {partitions} partitions of a "
+            "batch, which all stay prepared until the batch commits: no batch can ever "
+            f"commit; set it to at least {needed} (2 x partitions) and restart PostgreSQL, "
+            f"or write fewer partitions per batch (option maxPartitions={slots // 2 or 1}, "
+            "or df.coalesce(n))",
+            fix(needed),
+        )
+    usage = f"{in_use} of {slots} in use now, cluster-wide"
+    if partitions and slots < 2 * partitions:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"max_prepared_transactions = {slots} ({usage}) is fewer than 2 x the {partitions} "
+            f"partitions of a batch = {2 * partitions}: retried and speculative attempts, "
+            "leftovers and other users of the cluster-wide slots need headroom, and a "
+            "partition that finds no free slot fails its batch; or cap a batch's "
+            f"partitions with the option maxPartitions={max(slots // 2, 1)}",
+            fix(needed),
+        )
+    if partitions and slots - in_use < partitions:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"only {slots - in_use} of {slots} prepared-transaction slots are free (cluster-wide) "
+            f"for the {partitions} partitions of a batch: leftover prepared transactions hold "
+            "the others",
+            "sqlsink status / sqlsink recover to resolve the sink's leftovers (others: see "
+            "pg_prepared_xacts)",
+        )
+    compared = f"at least 2 x the {partitions} partitions of a batch" if partitions else "above 0"
+    return Finding(
+        OK,
+        s.name,
+        s.value,
+        source,
+        f"prepared transactions are enabled: {compared} ({usage}); {PER_PARTITION}",
+    )
+
+
+def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Required) -> Finding:
+    source = describe_source(s, settings)
+    effect = _EFFECTS[s.name]
+    seconds = s.seconds()
+    if seconds == 0:
+        return Finding(OK, s.name, s.value, source, "off: it cannot end a partition's transaction")
+    if seconds >= required.seconds:
+        return Finding(
+            OK,
+            s.name,
+            s.value,
+            source,
+            f"{s.value} is at least {required.text}; it {effect} (prepared transactions are "
+            "not affected)",
+        )
+    value = recommended(required.seconds)
+    return Finding(
+        WARNING,
+        s.name,
+        s.value,
+        source,
+        f"{s.name} = {s.value}, from {source}, is shorter than {required.text}: it {effect}, "
+        "before the transaction is prepared; the partition then fails and its batch is "
+        f"retried, and may fail again the same way{_alternative(s, value, settings)}",
+        fix_statement(s, value, settings),
+    )
+
+
+def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
+    source = describe_source(s, settings)
+    overridden = (
+        "the sink's partition transactions set their own lock_timeout right after BEGIN "
+        f"(option lockTimeout, default {SINK_LOCK_TIMEOUT_DEFAULT}), which replaces this value "
+        "there"
+    )
+    seconds = s.seconds()
+    if seconds == 0:
+        return Finding(OK, s.name, s.value, source, f"off; {overridden}")
+    floor = format_seconds(LOCK_WAIT_FLOOR_S)
+    if seconds >= LOCK_WAIT_FLOOR_S:
+        return Finding(
+            OK,
+            s.name,
+            s.value,
+            source,
+            f"{overridden}; outside them it bounds the short waits for the sink's lock "
+            f"(committer, resolution of leftovers), and {s.value} is at least the {floor} "
+            "those may take",
+        )
+    value = recommended(LOCK_WAIT_FLOOR_S)
+    return Finding(
+        WARNING,
+        s.name,
+        s.value,
+        source,
+        f"{s.name} = {s.value}, from {source}, is shorter than {floor}: {overridden}, but it "
+        "applies to the waits for the sink's lock (pg_advisory_lock) outside them: the "
+        "committer's, and a partition's that resolves leftovers, which wait while another "
+        "session commits or "
+        "resolves (after a crash, or during sqlsink recover); a wait that gives up fails the "
+        f"commit or the task{_alternative(s, value, settings)}",
+        fix_statement(s, value, settings),
+    )
+
+
+def _synchronous_standbys(s: Setting, settings: ServerSettings) -> Finding:
+    """Waits at commit time for a standby: what bounds them (invariant 11, syncrep)."""
+    source = describe_source(s, settings)
+    commit = settings.settings.get("synchronous_commit")
+    level = commit.value if commit is not None else "on"
+    if not s.value.strip():
+        return Finding(OK, s.name, "''", source, "commits do not wait for a standby")
+    waits = (
+        "the sink's decisions (written with synchronous_commit = on)"
+        if level in ("off", "local")
+        else "every PREPARE TRANSACTION, COMMIT PREPARED and commit-log write of the sink "
+        f"(synchronous_commit = {level})"
+    )
+    bound = (
+        f"{waits} waits until a standby confirms it; neither lock_timeout nor "
+        "statement_timeout ends that wait, so the sink cancels each of its writes after its "
+        "lockTimeout plus a second: the transaction is then committed on this server but not "
+        "confirmed, and the sink fails the batch with an error naming this setting (the "
+        "restart finds the batch committed)"
+    )
+    if settings.sync_standbys == 0:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"no synchronous standby is connected (pg_stat_replication): {bound}",
+            "start or reconnect the standby, or ALTER SYSTEM SET synchronous_standby_names = "
+            "''; SELECT pg_reload_conf();",
+        )
+    seen = (
+        "this role cannot see pg_stat_replication's sync_state (GRANT pg_monitor to see it)"
+        if settings.sync_standbys is None
+        else f"{settings.sync_standbys} synchronous standby(s) connected"
+    )
+    return Finding(OK, s.name, s.value, source, f"{seen}; {bound}")
+
+
+def _idle_session(
+    s: Setting, settings: ServerSettings, trigger_interval_s: float | None
+) -> Finding:
+    source = describe_source(s, settings)
+    effect = "closes a connection idle for longer"
+    seconds = s.seconds()
+    if seconds == 0:
+        return Finding(OK, s.name, s.value, source, "off: no idle connection is closed")
+    if trigger_interval_s and trigger_interval_s > 0:
+        required = _Required(
+            trigger_interval_s, f"the trigger interval ({format_seconds(trigger_interval_s)})"
+        )
+    else:
+        required = _required_time(None, None, DEFAULT_SAFETY_FACTOR)
+    if seconds >= required.seconds:
+        return Finding(
+            OK, s.name, s.value, source, f"{s.value} is at least {required.text}; it {effect}"
+        )
+    value = recommended(required.seconds)
+    return Finding(
+        WARNING,
+        s.name,
+        s.value,
+        source,
+        f"{s.name} = {s.value}, from {source}, is shorter than {required.text}: it {effect}, so a "
+        "connection kept open between batches (the driver's) is closed under it"
+        f"{_alternative(s, value, settings)}",
+        fix_statement(s, value, settings),
+    )

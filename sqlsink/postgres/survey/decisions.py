@@ -1,0 +1,134 @@
+"""Reads of the commit log: its sinks, decided batches and their summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.schema import installed_version
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    sink_id: str
+    query_id: str | None
+    created_at: datetime
+    bound_at: datetime
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    decided_at: datetime
+    completed_at: datetime | None
+    query_id: str | None
+    run_id: str | None
+    first_write_at: datetime | None = None
+    commit_ms: float | None = None
+    orphans: int | None = None
+
+    def rows_per_second(self) -> float | None:
+        """Throughput: rows over the time from the first write to the decision."""
+        if self.first_write_at is None:
+            return None
+        seconds = (self.decided_at - self.first_write_at).total_seconds()
+        return self.rows / seconds if seconds > 0 else None
+
+    def lag_seconds(self) -> float | None:
+        """From the batch's first write until all of it was visible (complete)."""
+        if self.first_write_at is None or self.completed_at is None:
+            return None
+        return (self.completed_at - self.first_write_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    decisions: int
+    first_decided: int | None
+    last_decided: int | None
+    last_complete: int | None
+    incomplete: int
+
+
+_DECISION_COLUMNS = (
+    "sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id, "
+    "first_write_at, commit_ms, orphans FROM sqlsink.decisions"
+)
+
+
+def _decision(row: tuple[object, ...]) -> DecisionRow:
+    sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id = row[:8]
+    first_write_at, commit_ms, orphans = row[8:]
+    return DecisionRow(
+        str(sink_id),
+        int(str(batch_id)),
+        tuple(str(g) for g in gids) if isinstance(gids, list) else (),
+        int(str(rows)),
+        decided_at,  # type: ignore[arg-type]
+        completed_at,  # type: ignore[arg-type]
+        None if query_id is None else str(query_id),
+        None if run_id is None else str(run_id),
+        first_write_at,  # type: ignore[arg-type]
+        None if commit_ms is None else float(str(commit_ms)),
+        None if orphans is None else int(str(orphans)),
+    )
+
+
+def schema_version(conn: Connection) -> int:
+    """The installed version of the ``sqlsink`` schema; 0 when it is not installed."""
+    return installed_version(conn)
+
+
+def sinks(conn: Connection) -> dict[str, SinkRow]:
+    rows = conn.execute(
+        "SELECT sink_id, query_id, created_at, bound_at FROM sqlsink.sinks ORDER BY sink_id"
+    ).fetchall()
+    return {str(s): SinkRow(str(s), None if q is None else str(q), c, b) for s, q, c, b in rows}
+
+
+def batch_summary(conn: Connection, sink_id: str) -> BatchSummary:
+    row = conn.execute(
+        "SELECT count(*), min(batch_id), max(batch_id), "
+        "max(batch_id) FILTER (WHERE completed_at IS NOT NULL), "
+        "count(*) FILTER (WHERE completed_at IS NULL) "
+        "FROM sqlsink.decisions WHERE sink_id = %s",
+        (sink_id,),
+    ).fetchone()
+    assert row is not None
+    count, first, last, last_complete, incomplete = row
+    return BatchSummary(
+        int(str(count)),
+        None if first is None else int(str(first)),
+        None if last is None else int(str(last)),
+        None if last_complete is None else int(str(last_complete)),
+        int(str(incomplete)),
+    )
+
+
+def recent_decisions(conn: Connection, sink_id: str, limit: int) -> list[DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE sink_id = %s ORDER BY batch_id DESC LIMIT %s",
+        (sink_id, limit),
+    ).fetchall()
+    return [_decision(r) for r in rows]
+
+
+def decisions_from(conn: Connection, sink_id: str, first_batch: int) -> dict[int, DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE sink_id = %s AND batch_id >= %s ORDER BY batch_id",
+        (sink_id, first_batch),
+    ).fetchall()
+    return {d.batch_id: d for d in map(_decision, rows)}
+
+
+def incomplete_decisions(conn: Connection, sink_id: str | None = None) -> list[DecisionRow]:
+    rows = conn.execute(
+        f"SELECT {_DECISION_COLUMNS} WHERE completed_at IS NULL "
+        "AND (%s::text IS NULL OR sink_id = %s::text) ORDER BY sink_id, batch_id",
+        (sink_id, sink_id),
+    ).fetchall()
+    return [_decision(r) for r in rows]
