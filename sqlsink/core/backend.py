@@ -62,13 +62,19 @@ class TwoPhaseBackend(Protocol):
         *,
         holds_lock: bool,
         admit: Callable[[Binding | None, int | None], None] | None = None,
+        token: str | None = None,
     ) -> str | None:
         """Record the run (heartbeat; the first sight of a run id supersedes every other
         run of the sink). Returns the run that fenced this one, None if it is the newest.
 
         ``admit(binding, highest)`` is called with the sink's row locked, in the same
         transaction as the registration: when it raises, nothing is recorded (a writer
-        the sink refuses must never supersede its owner's run)."""
+        the sink refuses must never supersede its owner's run). ``token``: the driver's
+        (spark/driver_token.py), recorded with the run once."""
+        ...
+
+    def run_of_token(self, sink_id: str, token: str) -> str | None:
+        """The newest run whose tasks registered with this driver token."""
         ...
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:

@@ -91,7 +91,12 @@ class Committer:
         self.view = view
 
     def register(
-        self, run_id: str | None, *, holds_lock: bool, writer: Binding | None = None
+        self,
+        run_id: str | None,
+        *,
+        holds_lock: bool,
+        writer: Binding | None = None,
+        token: str | None = None,
     ) -> None:
         """Record the run (invariant 10); a FencedError when a newer run superseded it.
 
@@ -107,7 +112,7 @@ class Committer:
                 check_binding(sink_id, bound, highest, writer)
 
         fenced_by = self.backend.register_run(
-            sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock, admit=admit
+            sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock, admit=admit, token=token
         )
         if fenced_by is not None:
             raise fenced_error(sink_id, run_id, fenced_by)
@@ -257,11 +262,18 @@ class Committer:
         run_id: str | None,
         query_id: str | None = None,
         load: bool = False,
+        writer_token: str | None = None,
     ) -> ResolutionReport:
         """Roll back this run's batch N unless it is decided; a decided batch is rolled
-        forward. Never acts beyond its own run, nor for a writer the sink refused."""
+        forward. Never acts beyond its own run, nor for a writer the sink refused.
+
+        ``writer_token``: the driver's (spark/driver_token.py). When no task reported
+        (the failed ones report nothing, the running ones not yet), the run is the
+        newest one whose tasks registered with it: this driver's."""
         sink_id = self._sink()
         run_id = run_id or next((o.run_id for o in outcomes if o and o.run_id), None)
+        if run_id is None and writer_token is not None:
+            run_id = self.backend.run_of_token(sink_id, writer_token)
         query_id = query_id or next((o.query_id for o in outcomes if o and o.query_id), None)
         writer = Binding("load") if load else Binding.of(query_id) if query_id else None
         if run_id is None:

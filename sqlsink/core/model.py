@@ -34,6 +34,9 @@ class TaskIdentity:
     attempt_number: int  # Spark's attemptNumber: 0 for a task's first attempt
     query_id: str | None
     part: int = 0  # which DataFrame of the batch (the foreachBatch writer's batch())
+    # the driver that planned the task (spark/driver_token.py): lets an abort that no
+    # task reported to find its run
+    writer_token: str | None = None
 
     def where(self) -> str:
         part = f", part {self.part}" if self.part else ""

@@ -87,7 +87,12 @@ class Participant:
         committer = Committer(
             self.backend, task.sink_id, timeouts=self.timeouts, run_timeout_s=self.run_timeout_s
         )
-        committer.register(task.run_id, holds_lock=False, writer=Binding.of(task.query_id))
+        committer.register(
+            task.run_id,
+            holds_lock=False,
+            writer=Binding.of(task.query_id),
+            token=task.writer_token,
+        )
         if state.decided:
             return Start(skip=True)
         scope = Scope.live(task.run_id, task.batch_id)

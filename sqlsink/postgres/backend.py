@@ -36,6 +36,7 @@ class PostgresBackend:
         assert row is not None
         self._database = str(row[0])
         self._role = None if row[2] else str(row[1])
+        self._tokens: bool | None = None  # the log records driver tokens (version 7)
 
     @property
     def finisher_role(self) -> str | None:
@@ -91,11 +92,23 @@ class PostgresBackend:
         *,
         holds_lock: bool,
         admit: Callable[[Binding | None, int | None], None] | None = None,
+        token: str | None = None,
     ) -> str | None:
+        if token is not None and self._tokens is None:
+            self._tokens = commit_log.has_writer_tokens(self.conn)
         with self.standby.bounded(f"recording run {run_id} of sink {sink_id}", sink=sink_id):
             return commit_log.register_run(
-                self.conn, sink_id, run_id, live_for_s, holds_lock=holds_lock, admit=admit
+                self.conn,
+                sink_id,
+                run_id,
+                live_for_s,
+                holds_lock=holds_lock,
+                admit=admit,
+                token=token if self._tokens else None,
             )
+
+    def run_of_token(self, sink_id: str, token: str) -> str | None:
+        return commit_log.run_of_token(self.conn, sink_id, token)
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
         with self.standby.bounded(f"recording that batch {batch_id} was aborted", batch=batch_id):

@@ -113,14 +113,17 @@ def register_run(
     *,
     holds_lock: bool,
     admit: Callable[[Binding | None, int | None], None] | None = None,
+    token: str | None = None,
 ) -> str | None:
     """Record the run (fencing token, heartbeat); the run that fenced it, if it is fenced.
     ``admit(binding, highest)`` runs first with the sink's row locked, in the same
-    transaction: when it raises, nothing is recorded."""
+    transaction: when it raises, nothing is recorded. ``token``: the driver's, recorded
+    once (schema version 7: the caller passes it only from that version on)."""
     register = "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)"
     args = (sink_id, run_id, live_for_s, holds_lock)
     if admit is None:
         row = conn.execute(register, args).fetchone()
+        _record_token(conn, sink_id, run_id, token, row)
     else:
         with conn.transaction():
             conn.execute(
@@ -137,7 +140,43 @@ def register_run(
             writer, query_id, highest = bound_row
             admit(_binding(writer, query_id), None if highest is None else int(highest))
             row = conn.execute(register, args).fetchone()
+            _record_token(conn, sink_id, run_id, token, row)
     return None if row is None or row[0] is None else str(row[0])
+
+
+def _record_token(
+    conn: Connection, sink_id: str, run_id: str, token: str | None, row: tuple[object, ...] | None
+) -> None:
+    if token is None or (row is not None and row[0] is not None):  # none, or fenced
+        return
+    conn.execute(
+        "UPDATE sqlsink.runs SET writer_token = %s "
+        "WHERE sink_id = %s AND run_id = %s AND writer_token IS NULL",
+        (token, sink_id, run_id),
+    )
+
+
+def run_of_token(conn: Connection, sink_id: str, token: str) -> str | None:
+    """The newest run whose tasks registered with this driver token (None before
+    version 7)."""
+    if not has_writer_tokens(conn):
+        return None
+    row = conn.execute(
+        "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s AND writer_token = %s "
+        "ORDER BY first_seen DESC LIMIT 1",
+        (sink_id, token),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def has_writer_tokens(conn: Connection) -> bool:
+    """Whether the commit log records driver tokens (version 7; an upgrade to it can be
+    deferred while prepared leftovers hold sqlsink.markers, postgres/schema.py)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.runs') "
+        "AND attname = 'writer_token' AND NOT attisdropped)"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def mark_aborted(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> None:

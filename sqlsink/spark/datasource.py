@@ -40,6 +40,7 @@ from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError, SqlsinkError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
 from sqlsink.postgres.target import TargetPlan
+from sqlsink.spark.driver_token import driver_token
 
 log = logging.getLogger("sqlsink")
 
@@ -82,7 +83,9 @@ class SqlsinkDataSource(DataSource):
         with _sink_error_first():
             options = SinkOptions.parse(dict(self.options))
             sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
-            return _planned_here(SqlsinkStreamWriter(options, schema, sink_id))
+            writer = SqlsinkStreamWriter(options, schema, sink_id)
+            writer.writer_token = driver_token(sink_id) if sink_id else None
+            return _planned_here(writer)
 
 
 # Spark's worker that plans a write: it calls writer()/streamWriter(), then pickles the
@@ -197,6 +200,7 @@ class _SinkWriter:
         self.schema = schema
         self.sink_id = sink_id
         self._target: TargetPlan | None = None
+        self.writer_token: str | None = None  # a stream's: its driver's (driver_token)
 
     @property
     def check_key(self) -> str:
@@ -222,7 +226,7 @@ class _SinkWriter:
         sink_id = self.sink_id or query_id
         if sink_id is None:
             raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
-        task = current_task(sink_id, batch_id, run_id, query_id)
+        task = current_task(sink_id, batch_id, run_id, query_id, writer_token=self.writer_token)
         check_partition_cap(self.options, task.partition_id, batch_id)
         return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
 
@@ -266,7 +270,9 @@ class _SinkWriter:
         run_id: str | None = None,
     ) -> None:
         """``run_id``: when the writer knows it (a batch load); a stream's comes from the
-        tasks' messages, and with none of them the abort does nothing (it never guesses)."""
+        tasks' messages, or with none of them from the driver token its tasks registered
+        with (spark/driver_token.py); without either the abort does nothing (it never
+        guesses)."""
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
@@ -277,7 +283,13 @@ class _SinkWriter:
             )
             return
         with _CommitterSession(self.options, sink_id) as committer:
-            committer.abort_batch(batch_id, outcomes, run_id=run_id, load=self.is_load)
+            committer.abort_batch(
+                batch_id,
+                outcomes,
+                run_id=run_id,
+                load=self.is_load,
+                writer_token=self.writer_token,
+            )
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)

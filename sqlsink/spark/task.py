@@ -7,7 +7,12 @@ from sqlsink.errors import ConfigError
 
 
 def current_task(
-    sink_id: str, batch_id: int, run_id: str, query_id: str | None, part: int = 0
+    sink_id: str,
+    batch_id: int,
+    run_id: str,
+    query_id: str | None,
+    part: int = 0,
+    writer_token: str | None = None,
 ) -> TaskIdentity:
     """The identity of the Spark task attempt this code runs in (executor side only)."""
     from pyspark import TaskContext
@@ -24,4 +29,5 @@ def current_task(
         attempt_number=ctx.attemptNumber(),
         query_id=query_id,
         part=part,
+        writer_token=writer_token,
     )

@@ -46,6 +46,7 @@ class Writer:
     query_id: str | None
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
     extra: dict[str, str] = field(default_factory=dict)
+    token: str | None = None  # the driver's (spark/driver_token.py), when it has one
     _attempt: int = 0
 
     @property
@@ -61,7 +62,14 @@ class Writer:
     def task(self, batch: int, partition: int = 0, attempt_number: int = 0) -> TaskIdentity:
         self._attempt += 1
         return TaskIdentity(
-            self.sink, batch, partition, self.run, self._attempt, attempt_number, self.query_id
+            self.sink,
+            batch,
+            partition,
+            self.run,
+            self._attempt,
+            attempt_number,
+            self.query_id,
+            writer_token=self.token,
         )
 
     def write(self, batch: int, ids: range, partition: int = 0) -> PartitionOutcome:
@@ -99,6 +107,7 @@ class Writer:
                 run_id=self.run if run == "" else run,
                 query_id=self.query_id,
                 load=not self.query_id,
+                writer_token=self.token,
             )
 
     def batch(self, batch: int, *parts: range) -> ResolutionReport:

@@ -216,3 +216,40 @@ def test_a_task_killed_between_its_prepare_and_its_own_check_is_rolled_back_by_t
     assert prepared_of(pg_url, sink) == []
     assert len(report.rolled_back) == 1 and "_1_0_" in report.rolled_back[0]
     assert ids_of(pg_url, keyed) == list(range(5))
+
+
+def test_an_abort_no_task_reported_to_finds_its_run_by_the_drivers_token(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Spark aborts a failed job's batch with the messages of the tasks that finished:
+    none, when the others failed and one still ran. A stream's run id is only in its
+    tasks' local properties, so the abort did nothing ("its run is unknown"): the task
+    that prepared stayed prepared, its run live, for runTimeout (and item 16's late
+    task, which needs the batch marked aborted, with it). The tasks record their
+    driver's token with their run; the abort finds the run by it."""
+    writer = Writer(pg_url, keyed, sink, query_id="q", token="driver-a")
+    writer.batch(0, range(5))
+    in_flight = writer.write(1, range(5, 10))  # prepared; its message never reached Spark
+    report = writer.abort(1, [None], run=None)  # Spark's abort: no message, no run id
+    assert report.rolled_back == [in_flight.gid]
+    assert prepared_of(pg_url, sink) == []
+    with pytest.raises(TransientError, match="batch 1 was aborted"):
+        writer.write(1, range(10, 15), partition=1)  # a late task of it rolls itself back
+    assert prepared_of(pg_url, sink) == []
+    assert ids_of(pg_url, keyed) == list(range(5))
+
+
+def test_a_zombie_drivers_abort_without_messages_leaves_the_new_runs_batch_alone(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Its token finds its own run, fenced by the new driver's: it touches nothing."""
+    zombie = Writer(pg_url, keyed, sink, query_id="q", run="run-a", token="driver-a")
+    zombie.batch(0, range(5))
+    new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", token="driver-b")
+    in_flight = [new.write(1, range(5, 10))]
+    with pytest.raises(FencedError, match="superseded by run run-b"):
+        zombie.abort(1, [None], run=None)
+    assert prepared_of(pg_url, sink) == [in_flight[0].gid]
+    new.commit(1, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(10))
+    assert prepared_of(pg_url, sink) == []

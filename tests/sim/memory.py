@@ -123,6 +123,7 @@ class RunRow:
     aborted_batch: int | None = None
     lock_pid: int | None = None
     lock_backend_start: float | None = None
+    writer_token: str | None = None
 
 
 @dataclass
@@ -591,9 +592,11 @@ class MemoryBackend:
         *,
         holds_lock: bool,
         admit: Callable[[Binding | None, int | None], None] | None = None,
+        token: str | None = None,
     ) -> str | None:
-        """sqlsink.register_run of sql/006_registration_row_lock.sql, after ``admit`` under the
-        sink row's lock (commit_log.register_run): one step, as one transaction is."""
+        """sqlsink.register_run of sql/006_registration_row_lock.sql (and 007's token),
+        after ``admit`` under the sink row's lock (commit_log.register_run): one step, as
+        one transaction is."""
         self._call(f"register run {run_id} of {sink_id}{' (lock)' if holds_lock else ''}")
         log, now = self._log, self._now()
         if sink_id not in log.sinks:
@@ -619,7 +622,16 @@ class MemoryBackend:
             run.lock_pid, run.lock_backend_start = self.session.pid, self.session.backend_start
         elif known and run.heartbeat_at < now - 1.0:
             run.heartbeat_at, run.live_for = now, live_for_s
+        if token is not None and run.writer_token is None:
+            run.writer_token = token
         return None
+
+    def run_of_token(self, sink_id: str, token: str) -> str | None:
+        self._call(f"run of token {token}")
+        runs = [
+            r for r in self._log.runs.values() if (r.sink_id, r.writer_token) == (sink_id, token)
+        ]
+        return max(runs, key=lambda r: r.first_seen).run_id if runs else None
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
         self._call(f"mark aborted {run_id} batch {batch_id}")

@@ -64,9 +64,10 @@ def _old_abort_batch(
     run_id: str | None,
     query_id: str | None = None,
     load: bool = False,
+    writer_token: str | None = None,
 ) -> ResolutionReport:
     """``Committer.abort_batch`` of b5cc5c7: no binding check, no run of its own checked,
-    and a run it does not know makes it resolve everything."""
+    and a run it does not know makes it resolve everything (no driver token then)."""
     sink_id = self._sink()
     with self.backend.sink_lock(sink_id):
         decided = (sink_id, batch_id) in self.backend.decisions(sink_id, [(sink_id, batch_id)])
@@ -98,11 +99,16 @@ def item_9_fencing_ignored() -> Iterator[None]:
     (commits, aborts, tasks before writing, tasks after PREPARE)."""
 
     def register(
-        self: Committer, run_id: str | None, *, holds_lock: bool, writer: Binding | None = None
+        self: Committer,
+        run_id: str | None,
+        *,
+        holds_lock: bool,
+        writer: Binding | None = None,
+        token: str | None = None,
     ) -> None:
         if run_id is not None:
             self.backend.register_run(
-                self._sink(), run_id, self.run_timeout_s, holds_lock=holds_lock
+                self._sink(), run_id, self.run_timeout_s, holds_lock=holds_lock, token=token
             )
 
     def state(self: Participant) -> TaskState:

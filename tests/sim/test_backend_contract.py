@@ -313,6 +313,25 @@ def test_live_runs(harness: Harness, sinks: list[str]) -> None:
     assert set(b.live_runs(sink)) == {(sink, "rC")}  # a superseded run is not live
 
 
+def test_run_of_token_is_the_newest_run_registered_with_it(
+    harness: Harness, sinks: list[str]
+) -> None:
+    sink, other = sinks[0], sinks[1]
+    b = harness.session()
+    assert b.run_of_token(sink, "driver-1") is None
+    b.register_run(sink, "rA", 60, holds_lock=False, token="driver-1")
+    harness.sleep(0.01)
+    b.register_run(sink, "rB", 60, holds_lock=False, token="driver-2")
+    harness.sleep(0.01)
+    b.register_run(sink, "rC", 60, holds_lock=False, token="driver-1")
+    b.register_run(sink, "rC", 60, holds_lock=False, token="driver-3")  # recorded once
+    b.register_run(sink, "rA", 60, holds_lock=False, token="driver-1")  # fenced: refused
+    assert b.run_of_token(sink, "driver-1") == "rC"
+    assert b.run_of_token(sink, "driver-2") == "rB"
+    assert b.run_of_token(sink, "driver-3") is None
+    assert b.run_of_token(other, "driver-1") is None
+
+
 def test_prepared_by_prefix_and_database(harness: Harness, sinks: list[str]) -> None:
     sink = sinks[0]
     longer = f"{sink}-x"  # a sink whose id starts with the other's

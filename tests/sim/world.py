@@ -196,6 +196,11 @@ class Run:
         return None if isinstance(self.owner, Load) else self.owner.query_id
 
     @property
+    def driver_token(self) -> str | None:
+        """A stream's driver token (spark/driver_token.py): one driver per run here."""
+        return None if isinstance(self.owner, Load) else f"driver-of-{self.run_id}"
+
+    @property
     def alive(self) -> bool:
         return self.actor is not None and not self.actor.done
 
@@ -392,7 +397,14 @@ class World:
     ) -> Callable[[Actor], PartitionOutcome]:
         run, records = job.run, sorted(job.parts[partition])
         task = TaskIdentity(
-            run.sink, job.batch, partition, run.run_id, attempt_id, attempt_number, run.query_id
+            run.sink,
+            job.batch,
+            partition,
+            run.run_id,
+            attempt_id,
+            attempt_number,
+            run.query_id,
+            writer_token=run.driver_token,
         )
 
         def outcome(gid: str | None, rows: int, skipped: bool, started: float) -> PartitionOutcome:
@@ -573,7 +585,11 @@ class World:
             return
         try:
             self.committer(backend, run.sink).abort_batch(
-                batch, messages, run_id=run.run_id if run.is_load else None, load=run.is_load
+                batch,
+                messages,
+                run_id=run.run_id if run.is_load else None,
+                load=run.is_load,
+                writer_token=run.driver_token,
             )
         except EXPECTED as exc:
             self.expected(exc)

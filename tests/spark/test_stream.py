@@ -107,6 +107,38 @@ def test_task_that_prepared_then_failed_is_swept(
     assert prepared_transactions(pg_server.admin_url) == []
 
 
+def test_a_failed_batch_whose_tasks_all_failed_or_still_ran_leaves_nothing_prepared(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, faults: Any, pg_server: PgServer
+) -> None:
+    """Partition 1 of batch 1 fails on every attempt; partition 0 has prepared and is
+    still running when the job fails, so Spark's abort gets no message from any task.
+    The abort did nothing then ("its run is unknown"): partition 0's transaction stayed
+    prepared, its run live, for runTimeout (found by tests/spark/test_secrets.py under
+    load). The abort now finds its run by the driver token its tasks registered with
+    (sqlsink/spark/driver_token.py), marks the batch aborted and rolls it back."""
+    write_source(tmp_path / "src", [range(0, 20), range(20, 40)])
+    faults(
+        [
+            {"point": "after_prepare", "batch": 1, "partition": 0, "action": "sleep",
+             "seconds": 6},
+            {"point": "mid_copy", "batch": 1, "partition": 1, "action": "raise"},
+        ]
+    )  # fmt: skip
+    query = start_query(spark, tmp_path / "src", tmp_path / "chk", options(pg_url, table))
+    with pytest.raises(Exception, match="injected fault at mid_copy"):
+        query.awaitTermination()
+    sink_id = query_id(tmp_path / "chk")
+    assert (1, 0) in [(f["batch"], f["partition"]) for f in faults.fired()]
+    assert table_ids(pg_url, table) == list(range(20))
+    assert prepared_transactions(pg_server.admin_url) == []
+    with psycopg.connect(pg_url) as conn:
+        aborted = conn.execute(
+            "SELECT aborted_batch, writer_token IS NOT NULL FROM sqlsink.runs WHERE sink_id = %s",
+            (sink_id,),
+        ).fetchall()
+    assert aborted == [(1, True)]  # the run is over: recover and status need not wait
+
+
 @pytest.mark.parametrize("semantic", ["at_least_once", "none"])
 def test_weaker_semantics_write_directly(
     spark: Any, tmp_path: Path, pg_url: str, table: str, semantic: str, pg_server: PgServer
