@@ -96,6 +96,10 @@ class Tally:
     zombies: Counter[str] = field(default_factory=Counter)  # how the resumed ones ended
     recovers: Counter[str] = field(default_factory=Counter)  # recover's status beside a run
     recovers_left_live: int = 0  # recovers that left prepared transactions of the live run
+    # the reader of the consistent view (append mode), each sample one snapshot of both
+    reads: int = 0
+    reads_table_partial: int = 0  # the bare table showed part of a batch
+    reads_view_partial: int = 0  # the view did (invariant 13: must stay 0)
 
     def line(self) -> str:
         kills = sum(self.kills.values())
@@ -108,8 +112,71 @@ class Tally:
             f"went on {self.retries_went_on}), paused drivers {sum(self.paused.values())} "
             f"{dict(self.paused)} {dict(self.zombies)}, recover beside a live run "
             f"{sum(self.recovers.values())} {dict(self.recovers)} (left the live run's prepared "
-            f"transactions in {self.recovers_left_live})"
+            f"transactions in {self.recovers_left_live}), reads of the view {self.reads} "
+            f"(the table showed part of a batch in {self.reads_table_partial}, the view in "
+            f"{self.reads_view_partial})"
         )
+
+
+class ViewReader:
+    """A reader beside the round (append mode, option consistentView): every 20 ms, in
+    one REPEATABLE READ snapshot, how many rows of each batch the view and the bare table
+    show. The view must show each batch whole or not at all (invariant 13), through
+    kills, terminated sessions, PostgreSQL crashes and paused drivers; the bare table
+    may show part of one (counted, to show the reader met such moments)."""
+
+    QUERY = (
+        "SELECT (SELECT coalesce(array_agg(n ORDER BY n), '{{}}') FROM "
+        "        (SELECT count(*) AS n FROM {view} GROUP BY id / %(per)s) AS v), "
+        "       (SELECT coalesce(array_agg(n ORDER BY n), '{{}}') FROM "
+        "        (SELECT count(*) AS n FROM {table} GROUP BY id / %(per)s) AS t)"
+    )
+
+    def __init__(self, url: str, table: str, view: str, tally: Tally) -> None:
+        self.url, self.tally = url, tally
+        self.query = sql.SQL(self.QUERY).format(
+            view=sql.Identifier(view), table=sql.Identifier(table)
+        )
+        self.stop = threading.Event()
+        self.partial_views: list[str] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> ViewReader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _read(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while not self.stop.wait(0.02):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(
+                        self.url, autocommit=True, application_name="chaos reader",
+                        connect_timeout=2,
+                    )  # fmt: skip
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    row = conn.execute(self.query, {"per": PER_BATCH}).fetchone()
+            except psycopg.Error:  # no view yet, PostgreSQL restarting, ...
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.2)
+                continue
+            assert row is not None
+            view, table = list(row[0]), list(row[1])
+            self.tally.reads += 1
+            if any(n != PER_BATCH for n in table):
+                self.tally.reads_table_partial += 1
+            if any(n != PER_BATCH for n in view):
+                self.tally.reads_view_partial += 1
+                self.partial_views.append(f"view {view}, table {table}")
+        if conn is not None:
+            conn.close()
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -125,6 +192,7 @@ def start_driver(
     name: str,
     master: str = "local[2]",
     options: dict[str, str] | None = None,
+    view: str | None = None,
 ) -> subprocess.Popen[str]:
     """A driver in a session of its own (``start_new_session``: its id is the pid);
     its faults in ``tmp/<name>.json``, its stderr in ``tmp/<name>.log``."""
@@ -133,6 +201,8 @@ def start_driver(
     Path(f"{faults_file}.fired").unlink(missing_ok=True)
     env = {**os.environ, "SQLSINK_FAULTS_FILE": str(faults_file)}
     extra = {**({"mode": "upsert"} if mode == "upsert" else {}), **(options or {})}
+    if view is not None:
+        extra["consistentView"] = view
     with open(tmp / f"{name}.log", "w") as log:  # a file: a pipe could fill and block it
         return subprocess.Popen(
             [
@@ -375,6 +445,8 @@ class Round:
         self.rng, self.seed, self.tmp, self.server = rng, seed, tmp, server
         self.table, self.mode, self.tally = table, mode, tally
         self.number = 0  # runs started, for file names
+        # append mode writes through a consistent view, read beside the round (ViewReader)
+        self.view = f"{table}_whole" if mode == "append" else None
 
     def pending(self) -> list[int]:
         """The batches Spark has not committed yet: an armed fault fires."""
@@ -421,6 +493,7 @@ class Round:
             name=name,
             master=trouble.master,
             options=options,
+            view=self.view,
         )
         tally.runs += 1
         tally.retry_runs += trouble.master == RETRY_MASTER
@@ -599,6 +672,7 @@ class Round:
             self.mode,
             name=name,
             options={"lockTimeout": FENCING_LOCK_TIMEOUT},
+            view=self.view,
         )
         tally.runs += 1
         started = time.monotonic()
@@ -716,11 +790,19 @@ def expected_table(mode: str, checkpoint: Path) -> dict[int, str]:
     return final
 
 
-def check_exactly_once(tmp: Path, server: PgServer, table: str, mode: str) -> None:
+def check_exactly_once(
+    tmp: Path, server: PgServer, table: str, mode: str, view: str | None = None
+) -> None:
     with psycopg.connect(server.url) as conn:
         rows = conn.execute(
             sql.SQL("SELECT id, payload FROM {} ORDER BY id").format(sql.Identifier(table))
         ).fetchall()
+        if view is not None:  # all complete: the view shows the whole table
+            shown = conn.execute(
+                sql.SQL("SELECT id, payload FROM {} ORDER BY id").format(sql.Identifier(view))
+            ).fetchall()
+            assert shown == rows, "the consistent view differs from the table at the end"
+
     ids = [int(str(r[0])) for r in rows]
     sink_id = query_id(tmp / "chk")
     decisions = decided_batches(server.url, sink_id)
@@ -772,17 +854,30 @@ def test_chaos(
                     ).format(sql.Identifier(round_table))
                 )
         chaos = Round(rng, seed, tmp, pg_server, round_table, mode, tally)
-        for attempt in range(MAX_RUNS):
-            forced = kinds[(attempt + number) % 2] if attempt < 2 else None
-            if chaos.one_run(forced=forced):
-                break
-        else:
-            pytest.fail(
-                f"round {number} did not drain in {MAX_RUNS} runs (seed {seed}): {tally.line()}"
+        reader = (
+            ViewReader(pg_server.url, round_table, chaos.view, tally)
+            if chaos.view
+            else contextlib.nullcontext()
+        )
+        with reader:
+            for attempt in range(MAX_RUNS):
+                forced = kinds[(attempt + number) % 2] if attempt < 2 else None
+                if chaos.one_run(forced=forced):
+                    break
+            else:
+                pytest.fail(
+                    f"round {number} did not drain in {MAX_RUNS} runs (seed {seed}): {tally.line()}"
+                )
+        if isinstance(reader, ViewReader):
+            assert reader.partial_views == [], (
+                f"the consistent view showed part of a batch (seed {seed}): "
+                f"{reader.partial_views[:5]}"
             )
-        check_exactly_once(tmp, pg_server, round_table, mode)
+        check_exactly_once(tmp, pg_server, round_table, mode, chaos.view)
         print(f"\nchaos {mode} round {number} clean: {tally.line()}", flush=True)
         with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            if chaos.view:
+                conn.execute(sql.SQL("DROP VIEW {}").format(sql.Identifier(chaos.view)))
             conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(round_table)))
     print(
         f"\nchaos {mode}: seed {seed}, rounds {number + 1}: {tally.line()}; "
