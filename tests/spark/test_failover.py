@@ -162,3 +162,31 @@ def test_a_failover_that_lost_committed_batches_stops_the_query(spark: Any, tmp_
             (sink,),
         )
         assert verdict == ("verified", [])
+
+
+def test_a_multi_host_url_follows_the_promoted_standby(spark: Any, tmp_path: Path) -> None:
+    """Issue 15: libpq's multi-host URL with target_session_attrs=read-write reaches
+    libpq unchanged. One URL names both servers; it writes to the primary (the standby
+    is read-only), and after a failover with nothing lost the restarted query writes to
+    the promoted standby through the same URL: every record exactly once."""
+    src, chk = tmp_path / "src", tmp_path / "chk"
+    with replicated_pair(tmp_path / "pair") as pair:
+        with psycopg.connect(pair.primary_url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+        primary, promoted = pair.primary_url(DB), pair.standby_url(DB)
+        hosts = ",".join(u.split("@", 1)[1].split("/", 1)[0] for u in (promoted, primary))
+        both = f"postgresql://postgres@{hosts}/{DB}?target_session_attrs=read-write"
+
+        write_source(src, BATCHES[:3])
+        run_query(spark, src, chk, options(both))  # the standby is listed first
+        sink = query_id(chk)
+        assert table_ids(primary, TABLE) == list(range(30))
+        pair.wait_caught_up()
+
+        pair.stop_primary("immediate")
+        pair.promote()
+        add_source_file(src, 3, BATCHES[3])
+        run_query(spark, src, chk, options(both))
+        assert table_ids(promoted, TABLE) == list(range(40))
+        assert decided_batches(promoted, sink) == dict.fromkeys(range(4), True)
+        assert prepared(promoted) == []
