@@ -74,28 +74,39 @@ def lock_holder_pids(url: str) -> list[int]:
 def test_a_paused_zombie_holding_the_sink_lock_is_ended_by_the_new_run(
     pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
-    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
+    def after_its_decision() -> bool:  # paused in its sleep after the decision
+        return bool(lock_holder_pids(pg_url)) and decided(pg_url, sink, 1)
+
+    new_run_ends_a_paused_zombie(
+        pg_url, keyed, sink, tmp_path, "after_decision", after_its_decision
+    )
+
+
+def new_run_ends_a_paused_zombie(
+    url: str, table: str, sink: str, tmp_path: Path, point: str, reached: object
+) -> None:
+    """A zombie of run-a commits batch 1, sleeps at the fault ``point`` and is SIGSTOPped
+    there once ``reached()``; run-b re-runs batch 1 and goes on within bounded time,
+    ending the zombie's session; every row once, nothing prepared."""
+    Writer(url, table, sink, query_id="q", run="run-a").batch(0, range(10))
     faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps([{"point": "after_decision", "action": "sleep", "seconds": 8}]))
-    zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
+    faults.write_text(json.dumps([{"point": point, "action": "sleep", "seconds": 8}]))
+    zombie = paused_committer(url, table, sink, "run-a", faults)
     try:
-        wait_until("the zombie to hold the sink lock", lambda: lock_holder_pids(pg_url))
-        # paused in its sleep after the decision, not inside the decision's transaction
-        # (a zombie paused there holds the sink's row; see the README's limits)
-        wait_until("the zombie's decision", lambda: decided(pg_url, sink, 1))
+        wait_until(f"the zombie at {point}", reached)
         os.kill(zombie.pid, signal.SIGSTOP)  # a GC pause, a VM stall
-        new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
+        new = Writer(url, table, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
         started = time.monotonic()
-        new.batch(1, range(10, 15))  # Spark re-runs batch 1: decided by the zombie, skipped
+        new.batch(1, range(10, 15))  # Spark re-runs batch 1 (decided or not by the zombie)
         new.batch(2, range(15, 20))
         assert time.monotonic() - started < 15
-        assert lock_holder_pids(pg_url) == []  # the zombie's session was ended
+        assert lock_holder_pids(url) == []  # the zombie's session was ended
     finally:
         os.kill(zombie.pid, signal.SIGCONT)
         zombie.wait(90)
     assert zombie.returncode != 0  # its connection is gone: it commits nothing more
-    assert ids_of(pg_url, keyed) == list(range(20))
-    assert prepared_of(pg_url, sink) == []
+    assert ids_of(url, table) == list(range(20))
+    assert prepared_of(url, sink) == []
 
 
 def test_a_paused_live_holder_is_waited_for_boundedly_and_named(
@@ -122,7 +133,7 @@ def test_a_paused_live_holder_is_waited_for_boundedly_and_named(
     assert prepared_of(pg_url, sink) == []
 
 
-def in_decision_transaction(url: str, sink: str) -> bool:
+def in_decision_transaction(url: str) -> bool:
     """A session is inside the decision's transaction: it inserted batch 1's row."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
@@ -135,26 +146,10 @@ def in_decision_transaction(url: str, sink: str) -> bool:
 def test_a_zombie_paused_inside_its_decision_transaction_does_not_block_the_new_run(
     pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
-    """The gap of the README's limits: the zombie's decision transaction held the sink's
-    row (its ON CONFLICT DO UPDATE; the foreign key's FOR KEY SHARE against the
-    registration's FOR UPDATE), so the new run could not even register to fence it:
-    every attempt ended at lockTimeout, until the zombie resumed or was killed."""
-    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
-    faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps([{"point": "in_decision", "action": "sleep", "seconds": 8}]))
-    zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
-    try:
-        wait_until("the zombie inside its decision", lambda: in_decision_transaction(pg_url, sink))
-        os.kill(zombie.pid, signal.SIGSTOP)  # a GC pause inside the decision's transaction
-        new = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
-        started = time.monotonic()
-        new.batch(1, range(10, 15))  # Spark re-runs batch 1: the zombie's decision never was
-        new.batch(2, range(15, 20))
-        assert time.monotonic() - started < 15
-        assert lock_holder_pids(pg_url) == []  # the zombie's session was ended
-    finally:
-        os.kill(zombie.pid, signal.SIGCONT)
-        zombie.wait(90)
-    assert zombie.returncode != 0  # its connection is gone: it commits nothing more
-    assert ids_of(pg_url, keyed) == list(range(20))
-    assert prepared_of(pg_url, sink) == []
+    """The zombie's decision transaction held the sink's row (its ON CONFLICT DO UPDATE;
+    the foreign key's FOR KEY SHARE against the registration's FOR UPDATE), so the new
+    run could not even register to fence it: every attempt ended at lockTimeout, until
+    the zombie resumed or was killed (schema version 6 closed it)."""
+    new_run_ends_a_paused_zombie(
+        pg_url, keyed, sink, tmp_path, "in_decision", lambda: in_decision_transaction(pg_url)
+    )
