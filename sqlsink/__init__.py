@@ -41,7 +41,11 @@ __all__ = [
 
 
 def register(spark: Any) -> None:
-    """Register the "sqlsink" data source with a SparkSession."""
+    """Register the "sqlsink" data source with a SparkSession (PySpark 4.1 or later;
+    on older versions a ConfigError names the version and the foreachBatch writer)."""
+    from sqlsink.spark.support import require_data_source
+
+    require_data_source()
     from sqlsink.spark.datasource import register as _register
 
     _register(spark)

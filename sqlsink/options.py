@@ -12,8 +12,9 @@ from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
 from sqlsink.core.checkpoint_check import CheckpointMode
-from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S, TimeoutPolicy
+from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S
 from sqlsink.core.gid import check_sink_id
+from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import with_params
@@ -23,6 +24,9 @@ from sqlsink.postgres.credentials import DEFAULT_CACHE_S, PasswordSource
 class Mode(enum.Enum):
     APPEND = "append"
     UPSERT = "upsert"
+    # the foreachBatch writer's complete output mode: the batch, as one partition, deletes
+    # every row of the table and loads its own (format("sqlsink") refuses it)
+    REPLACE = "replace"
 
 
 class Semantic(enum.Enum):
@@ -245,9 +249,9 @@ def _consistent_view(
             "nothing that tells a whole batch from part of one, so no view can hide a "
             "batch committed in part. Use semantic=exactly_once, or drop consistentView"
         )
-    if mode is Mode.UPSERT:
+    if mode is not Mode.APPEND:
         raise ConfigError(
-            "option consistentView cannot be used with mode=upsert: the partitions of an "
+            f"option consistentView cannot be used with mode={mode.value}: the partitions of an "
             "upsert batch replace and delete rows, and once one of them is committed the "
             "rows it replaced or deleted are gone, so no view can show the table as it was "
             "before the batch while the rest commits. Use mode=append (readers then see "

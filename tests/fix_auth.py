@@ -271,7 +271,7 @@ def task(options: SinkOptions, batch: int, run: str, partition: int = 0) -> Task
 
 
 def commit(options: SinkOptions, batch: int, outcomes: list[PartitionOutcome], run: str) -> None:
-    """The driver's commit as the Spark adapter makes it (datasource._CommitterSession)."""
+    """The driver's commit as the Spark adapter makes it (spark.plan.CommitterSession)."""
     assert options.sink_id is not None
     with connect(options.url, options.password, application_name="sqlsink test commit") as conn:
         committer = Committer(

@@ -11,12 +11,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_program(
-    *args: str, timeout: float, env: Mapping[str, str] | None = None, log: Path | None = None
+    *args: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """Run it to its end and require exit 0; the output's tails are the failure message,
-    and ``log`` (when given) gets the whole output first, to read after a failure."""
+    and ``log`` (when given) gets the whole output first, to read after a failure.
+    ``python``: another interpreter (tests/lines runs each PySpark line's)."""
     done = subprocess.run(
-        [sys.executable, *args],
+        [python, *args],
         cwd=REPO,
         env=None if env is None else dict(env),
         capture_output=True,

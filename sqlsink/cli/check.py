@@ -22,6 +22,7 @@ def start(args: argparse.Namespace, envelope: Envelope) -> CheckDocument:
         **envelope,
         "server_version": None,
         "trigger_interval_seconds": args.trigger_interval,
+        "partitions": args.partitions,
         "findings": [],
     }
 
@@ -30,7 +31,9 @@ def run(args: argparse.Namespace, out: Output, doc: CheckDocument) -> int:
     with open_connection(args.url, "check", args.password_command) as conn:
         me = identify(conn, doc)
         doc["server_version"] = me.server_version
-        findings = server_checks.run_checks(conn, server_checks.CheckContext(args.trigger_interval))
+        findings = server_checks.run_checks(
+            conn, server_checks.CheckContext(args.trigger_interval, args.partitions)
+        )
     doc["findings"] = [_finding_json(f) for f in findings]
     # the top-level warnings say what made the exit code, as every command's do (issue 15)
     doc["warnings"] = [

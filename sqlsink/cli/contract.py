@@ -160,7 +160,7 @@ class CheckpointBatchJson(TypedDict):
     spark_committed: bool  # Spark committed it (commits/N)
     decision: CheckpointDecision
     rows: int | None
-    state: str  # a key of sqlsink.checkpoint.STATES
+    state: str  # a key of sqlsink.checkpoint.relation.STATES
     level: CheckpointLevel
     message: str
 
@@ -312,6 +312,7 @@ class FindingJson(TypedDict):
 class CheckDocument(Envelope):
     server_version: str | None  # null only when error is set
     trigger_interval_seconds: float | None
+    partitions: int | None  # --partitions (added in version 1: an added field)
     findings: list[FindingJson]
 
 

@@ -12,7 +12,7 @@ from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import Envelope, ForgetDocument
 from sqlsink.cli.output import EXIT_OK, EXIT_WARN, Output, header
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres import locks, retention
 
 LOCK_TIMEOUT_S = 10.0
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
         require_schema(conn, me)
         try:
             with locks.sink_lock(conn, args.sink_id, LOCK_TIMEOUT_S):
-                gone = commit_log.forget_sink(conn, args.sink_id)
+                gone = retention.forget_sink(conn, args.sink_id)
         except ConfigError as exc:
             doc["message"] = exc.message
         else:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from sqlsink.cli.contract import DataLossJson
 from sqlsink.cli.output import Output, table
-from sqlsink.core.committer import data_loss_error
 from sqlsink.core.gid import Gid
 from sqlsink.core.resolution import Plan
+from sqlsink.core.resolver import data_loss_error
 from sqlsink.postgres import commit_log
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import prepared as pg_prepared

@@ -232,6 +232,13 @@ def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DURATION",
         help="the query's trigger interval, to judge timeouts against",
     )
+    p.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="the partitions of a batch, to judge prepared-transaction slots and "
+        "max_connections against",
+    )
     p.set_defaults(handler=Command(check.start, check.run))
 
 

@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from sqlsink.checkpoint import Checkpoint, read_checkpoint
+from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import ActionResult, Envelope, RecoverDocument
 from sqlsink.cli.loss import confirmed_losses, loss_json
@@ -41,7 +41,7 @@ from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, DataLossError
-from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres import locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import decisions as pg_decisions
@@ -139,13 +139,13 @@ class Recovery:
 
     def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
         """The sink's runs; those live (and not named dead) keep their gids."""
-        sink.runs = commit_log.runs(self.conn, sink.sink_id)
+        sink.runs = run_registry.runs(self.conn, sink.sink_id)
         sink.treated_live = [r for r in sink.runs if r.live and r.run_id not in treat_as_dead]
 
     def _fence(self, sink: SinkRecovery) -> None:
         """--force: declare the named runs dead in the commit log, then end the sessions
         provably theirs (those that hold the sink's lock, as the run recorded them)."""
-        sink.fenced = commit_log.fence_runs(self.conn, sink.sink_id, sink.named)
+        sink.fenced = run_registry.fence_runs(self.conn, sink.sink_id, sink.named)
         sink.ended = locks.end_fenced_holders(self.conn, sink.sink_id)
         if sink.fenced:
             self.out.note(
@@ -322,7 +322,7 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
 
 def _check_named_runs(conn: Connection, sink_id: str, run_ids: list[str]) -> None:
     """Every --run-id must be a run of the sink: a typo fences nothing, and says so."""
-    known = commit_log.runs(conn, sink_id)
+    known = run_registry.runs(conn, sink_id)
     unknown = [r for r in run_ids if r not in {k.run_id for k in known}]
     if unknown:
         listed = ", ".join(f"{k.run_id} ({k.state})" for k in known[:10]) or "none"

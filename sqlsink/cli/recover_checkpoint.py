@@ -2,14 +2,15 @@
 
 The checkpoint names the sink (its query id, unless ``--sink-id``), must belong to the
 query the sink is bound to, and is related batch by batch to the commit log
-(``sqlsink.checkpoint.relate``), for the report.
+(``sqlsink.checkpoint.relation.relate``), for the report.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from sqlsink.checkpoint import BatchRelation, Checkpoint, DecisionState, relate
+from sqlsink.checkpoint.parse import Checkpoint
+from sqlsink.checkpoint.relation import BatchRelation, DecisionState, relate
 from sqlsink.cli.contract import (
     CheckpointBatchJson,
     CheckpointDecision,

@@ -34,8 +34,8 @@ from sqlsink.cli.recover_checkpoint import print_checkpoint
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
-from sqlsink.postgres.commit_log import RunInfo
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.run_registry import RunInfo
 from sqlsink.postgres.survey import prepared as pg_prepared
 from sqlsink.postgres.survey import sessions as pg_sessions
 

@@ -1,6 +1,6 @@
 """The runs of a sink as ``recover`` and ``status`` show them (docs/DESIGN.md invariant 10).
 
-Liveness is the runs registry's (``sqlsink.runs``, judged by ``commit_log.runs``): a run
+Liveness is the runs registry's (``sqlsink.runs``, judged by ``run_registry.runs``): a run
 is live while it is not fenced, no batch of it was aborted, and a task or commit of it
 was heard from within its timeout. Connected sessions are shown as evidence only: every
 batch has moments with its transactions prepared and nothing of it connected.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from sqlsink.cli.contract import RunJson, RunState
 from sqlsink.cli.output import Output, format_age, table
 from sqlsink.core.gid import Gid
-from sqlsink.postgres.commit_log import RunInfo
+from sqlsink.postgres.run_registry import RunInfo
 
 NEWEST_SHOWN = 3  # status shows a sink's newest runs besides its live ones and those with gids
 

@@ -48,7 +48,7 @@ from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.core.resolution import Scope
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import checkpoint_records, run_registry
 from sqlsink.postgres import views as pg_views
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
@@ -87,7 +87,7 @@ class StatusScan:
         incomplete = pg_decisions.incomplete_decisions(conn, sink_id)
         live_sessions = pg_sessions.sink_sessions(self.sessions, sink_id)
         holders = pg_sessions.lock_holders(conn, sink_id)
-        runs = commit_log.runs(conn, sink_id)
+        runs = run_registry.runs(conn, sink_id)
         # data loss: the core's own list of decided gids to verify, read-only, confirmed twice
         lost = confirmed_losses(conn, Committer(self.backend, sink_id).plan(Scope.everything()))
         by_run = {r.run_id: r for r in runs}
@@ -129,7 +129,9 @@ class StatusScan:
         unverified checkpoint a warning (docs/DESIGN.md invariant 9)."""
         if pg_decisions.schema_version(self.conn) < 4:
             return None
-        checks = [c for c in commit_log.checkpoint_checks(self.conn, sink_id, 1) if c.newest]
+        checks = [
+            c for c in checkpoint_records.checkpoint_checks(self.conn, sink_id, 1) if c.newest
+        ]
         if not checks:
             return None
         c = checks[0]

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The range of the table key's first column that one partition wrote (the
+    interleaved-key trap, core/key_ranges.py)."""
+
+    column: str
+    low: Any
+    high: Any
+    above_table: bool  # every key above the table's highest when the batch was planned
 
 
 @dataclass(frozen=True)
@@ -20,6 +32,9 @@ class PartitionOutcome:
     run_id: str | None
     started_at: float  # epoch seconds: the task's first write
     prepared_at: float  # epoch seconds: PREPARE done (or commit for at-least-once)
+    # the range of the table's key this partition wrote (core/key_ranges.py), when the
+    # table has one and the partition wrote rows
+    key_range: KeyRange | None = None
 
 
 @dataclass(frozen=True)

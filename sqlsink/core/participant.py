@@ -19,18 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sqlsink.core.admission import check_binding, check_forward, fenced_error
 from sqlsink.core.backend import TwoPhaseBackend
-from sqlsink.core.committer import (
-    DEFAULT_RUN_TIMEOUT_S,
-    Committer,
-    TimeoutPolicy,
-    check_binding,
-    check_forward,
-    fenced_error,
-)
+from sqlsink.core.committer import DEFAULT_RUN_TIMEOUT_S, Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Fate, TaskIdentity, TaskState
 from sqlsink.core.resolution import Scope
+from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import TransientError
 
 

@@ -14,7 +14,15 @@ from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres import appnames, commit_log, locks, syncrep
+from sqlsink.postgres import (
+    appnames,
+    checkpoint_records,
+    commit_log,
+    locks,
+    retention,
+    run_registry,
+    syncrep,
+)
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 
@@ -95,9 +103,9 @@ class PostgresBackend:
         token: str | None = None,
     ) -> str | None:
         if token is not None and self._tokens is None:
-            self._tokens = commit_log.has_writer_tokens(self.conn)
+            self._tokens = run_registry.has_writer_tokens(self.conn)
         with self.standby.bounded(f"recording run {run_id} of sink {sink_id}", sink=sink_id):
-            return commit_log.register_run(
+            return run_registry.register_run(
                 self.conn,
                 sink_id,
                 run_id,
@@ -108,14 +116,14 @@ class PostgresBackend:
             )
 
     def run_of_token(self, sink_id: str, token: str) -> str | None:
-        return commit_log.run_of_token(self.conn, sink_id, token)
+        return run_registry.run_of_token(self.conn, sink_id, token)
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
         with self.standby.bounded(f"recording that batch {batch_id} was aborted", batch=batch_id):
-            commit_log.mark_aborted(self.conn, sink_id, run_id, batch_id)
+            run_registry.mark_aborted(self.conn, sink_id, run_id, batch_id)
 
     def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
-        return commit_log.live_runs(self.conn, sink_id)
+        return run_registry.live_runs(self.conn, sink_id)
 
     def await_batch_tasks(
         self, sink_id: str, batch_id: int, timeout_s: float
@@ -216,20 +224,20 @@ class PostgresBackend:
 
     def prune_decisions(self, sink_id: str, through: int) -> int:
         with self.standby.bounded(f"pruning the commit log of sink {sink_id}", sink=sink_id):
-            return commit_log.prune_decisions(self.conn, sink_id, through)
+            return retention.prune_decisions(self.conn, sink_id, through)
 
     # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) ----------
 
     def run_check(self, sink_id: str, run_id: str) -> RunCheck:
-        return commit_log.checkpoint_run_check(self.conn, sink_id, run_id)
+        return checkpoint_records.checkpoint_run_check(self.conn, sink_id, run_id)
 
     def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
-        return commit_log.checkpoint_coverage(self.conn, sink_id, batch_ids)
+        return checkpoint_records.checkpoint_coverage(self.conn, sink_id, batch_ids)
 
     def record_check(
         self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
     ) -> None:
         with self.standby.bounded(f"recording the checkpoint check of run {run_id}", sink=sink_id):
-            commit_log.record_checkpoint_check(
+            checkpoint_records.record_checkpoint_check(
                 self.conn, sink_id, run_id, batch_id, location, verdict
             )

@@ -17,18 +17,20 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from sqlsink.core.faults import crash_point
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PartitionOutcome, TaskIdentity
+from sqlsink.core.model import KeyRange, PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
-from sqlsink.errors import SqlsinkError, TransientError, WriteError
-from sqlsink.options import Semantic, SinkOptions
+from sqlsink.errors import ConfigError, SqlsinkError, TransientError, WriteError
+from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.postgres import appnames, commit_log
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName, TargetColumn
@@ -47,9 +49,19 @@ def write_partition(
     batches: Iterable[pa.RecordBatch],
 ) -> PartitionOutcome:
     """Load the partition's rows; return what the committer needs to know."""
+    if options.mode is Mode.REPLACE and task.partition_id != 0:
+        raise ConfigError(
+            f"{task.where()}: mode=replace writes a batch as one partition (each would "
+            f"delete the others' rows); this is partition {task.partition_id}: write "
+            "df.coalesce(1), as the foreachBatch writer does",
+            batch=task.batch_id,
+            partition=task.partition_id,
+        )
     rows_iter = iter(batches)
     first = _first_nonempty(rows_iter)
-    if first is None:  # nothing to write: no transaction, no gid (costs nothing to commit)
+    # nothing to write: no transaction, no gid (costs nothing to commit); but an empty
+    # replace is a batch that empties the table
+    if first is None and options.mode is not Mode.REPLACE:
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
@@ -66,15 +78,22 @@ def write_partition(
         except psycopg.errors.InsufficientPrivilege as exc:
             raise privilege_error(conn, exc) from None
         if start.skip or start.adopt:
-            counted = first.num_rows + sum(b.num_rows for b in rows_iter)  # Spark wants it read
+            counted = sum(b.num_rows for b in rows_iter)  # Spark wants it read
+            counted += first.num_rows if first is not None else 0
             if start.skip:
                 return _outcome(task, None, 0, skipped=True, started=started)
             return _outcome(task, start.adopt, counted, skipped=False, started=started)
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
-        rows = _load(
-            conn, backend, participant, options, target, gid, itertools.chain([first], rows_iter)
+        given = itertools.chain([first] if first is not None else [], rows_iter)
+        counted = _load(conn, backend, participant, options, target, gid, given)
+        return _outcome(
+            task,
+            str(gid) if gid else None,
+            counted.rows,
+            skipped=False,
+            started=started,
+            key_range=counted.key_range(),
         )
-        return _outcome(task, str(gid) if gid else None, rows, skipped=False, started=started)
     finally:
         conn.close()  # after PREPARE, closing leaves the transaction prepared
 
@@ -94,9 +113,9 @@ def _load(
     target: TargetPlan,
     gid: Gid | None,
     batches: Iterator[pa.RecordBatch],
-) -> int:
+) -> _Counter:
     task = participant.task
-    counted = _Counter(batches)
+    counted = _Counter(batches, target)
     upsert = target.upsert
     staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
     try:
@@ -110,10 +129,12 @@ def _load(
             for statement in upsert.apply(target.table, staging, target.columns):
                 conn.execute(statement)
         else:
+            if options.mode is Mode.REPLACE:  # the whole table, in the batch's transaction
+                conn.execute(sql.SQL("DELETE FROM {}").format(target.table.identifier()))
             _copy(conn, target.table, target.columns, _cut_mid_copy(counted, conn, task))
         if gid is None:
             conn.execute("COMMIT")
-            return counted.rows
+            return counted
         commit_log.insert_marker(
             conn, str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows
         )
@@ -135,7 +156,7 @@ def _load(
                 )
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
         participant.after_prepare(gid)
-        return counted.rows
+        return counted
     except psycopg.Error as exc:
         _rollback_quietly(conn)
         raise _write_error(exc, options, target, task) from None
@@ -159,8 +180,10 @@ def _copy(
 ) -> None:
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table.identifier(), names)
+    first = next(batches, None)
+    if first is None:  # an empty replace: nothing to copy
+        return
     with conn.cursor() as cur, cur.copy(statement) as copy:
-        first = next(batches)
         encoder = build_encoder(list(first.schema), list(columns))
         write_batches(copy, encoder, itertools.chain([first], batches))
 
@@ -193,14 +216,42 @@ def _numbered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 class _Counter(Iterator[pa.RecordBatch]):
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+    """Counts the rows that pass, and the range of the key's first column among them."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], target: TargetPlan) -> None:
         self.batches = batches
         self.rows = 0
+        self.column = target.key[0] if target.key else None
+        self.edge = target.key_edge
+        self.low: Any = None
+        self.high: Any = None
 
     def __next__(self) -> pa.RecordBatch:
         batch = next(self.batches)
         self.rows += batch.num_rows
+        if self.column is not None and batch.num_rows:
+            self._widen(batch)
         return batch
+
+    def _widen(self, batch: pa.RecordBatch) -> None:
+        try:
+            found = pc.min_max(batch.column(self.column))
+            low, high = found["min"].as_py(), found["max"].as_py()
+            if low is None:
+                return
+            self.low = low if self.low is None else min(self.low, low)
+            self.high = high if self.high is None else max(self.high, high)
+        except (KeyError, TypeError, pa.ArrowException):  # not comparable: no range
+            self.column = None
+
+    def key_range(self) -> KeyRange | None:
+        if self.column is None or self.low is None:
+            return None
+        try:
+            above = self.edge is None or self.low > self.edge
+        except TypeError:
+            return None
+        return KeyRange(self.column, self.low, self.high, above)
 
 
 def _rollback_quietly(conn: Connection) -> None:
@@ -305,7 +356,13 @@ def _fix_for(
 
 
 def _outcome(
-    task: TaskIdentity, gid: str | None, rows: int, *, skipped: bool, started: float
+    task: TaskIdentity,
+    gid: str | None,
+    rows: int,
+    *,
+    skipped: bool,
+    started: float,
+    key_range: KeyRange | None = None,
 ) -> PartitionOutcome:
     return PartitionOutcome(
         sink_id=task.sink_id,
@@ -318,4 +375,5 @@ def _outcome(
         run_id=task.run_id,
         started_at=started,
         prepared_at=time.time(),
+        key_range=key_range,
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from psycopg import sql
 from sqlalchemy.dialects import postgresql
 
 from sqlsink.errors import ConfigError
@@ -26,6 +27,13 @@ class TargetPlan:
     table: TableName
     columns: tuple[TargetColumn, ...]  # aligned with the DataFrame's fields
     upsert: UpsertPlan | None = None
+    # the table's key, as far as the DataFrame writes it: the upsert's key, else the
+    # primary key (() when there is none): the foreachBatch writer range-partitions by it
+    key: tuple[str, ...] = ()
+    # the table's highest value of the key's first column when the batch was planned
+    # (None: an empty table, or no key): the partitions report whether they wrote above
+    # it (the interleaved-key trap, core/key_ranges.py)
+    key_edge: Any = None
 
 
 def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column[object]]) -> None:
@@ -86,9 +94,22 @@ def plan_target(
     if delete_column is not None and delete_column not in field_names:
         problems.append(f"deleteColumn {delete_column!r} is not a column of the DataFrame")
     upsert = None
+    key: tuple[str, ...] = ()
     if options.mode is Mode.UPSERT:
         upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
         problems += more
+        key = upsert.keys if upsert is not None else ()
+    else:
+        primary = [cols for is_primary, cols in unique_keys(conn, table) if is_primary]
+        key = primary[0] if primary else ()
+    # the DataFrame's names of the key's columns (it may spell them in another case)
+    spelled = {column.name: name for name, column in pairs}
+    edge = None
+    if key and all(k in spelled for k in key):
+        edge = _highest(conn, table, key[0])
+        key = tuple(spelled[k] for k in key)
+    else:
+        key = ()
     if arrow_schema is not None:
         problems += _type_problems(arrow_schema, pairs)
     if problems:
@@ -96,7 +117,14 @@ def plan_target(
             f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
             "select/rename the DataFrame's columns to the table's, or alter the table"
         )
-    return TargetPlan(table, tuple(matched), upsert)
+    return TargetPlan(table, tuple(matched), upsert, key, edge)
+
+
+def _highest(conn: Connection, table: TableName, column: str) -> Any:
+    """max() of a key's leading column: one descent of its unique index."""
+    statement = sql.SQL("SELECT max({}) FROM {}").format(sql.Identifier(column), table.identifier())
+    row = conn.execute(statement).fetchone()
+    return None if row is None else row[0]
 
 
 def _type_problems(arrow_schema: pa.Schema, pairs: list[tuple[str, TargetColumn]]) -> list[str]:

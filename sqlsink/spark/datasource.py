@@ -38,9 +38,11 @@ from pyspark.sql.types import StructType
 
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError, SqlsinkError
-from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id
+from sqlsink.options import Mode, Semantic, SinkOptions, checkpoint_query_id
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.spark.driver_token import driver_token
+from sqlsink.spark.notices import check_key_ranges
+from sqlsink.spark.plan import CommitterSession, plan_write
 
 log = logging.getLogger("sqlsink")
 
@@ -65,7 +67,7 @@ class SqlsinkDataSource(DataSource):
                     "or mode=upsert say how rows are written), and truncate the table first "
                     "if needed"
                 )
-            options = SinkOptions.parse(dict(self.options))
+            options = _parse(dict(self.options))
             if options.consistent_view is not None and not options.sink_id:
                 raise ConfigError(
                     "option consistentView on a batch load needs the option sinkId: a load "
@@ -81,11 +83,22 @@ class SqlsinkDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
         with _sink_error_first():
-            options = SinkOptions.parse(dict(self.options))
+            options = _parse(dict(self.options))
             sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
             writer = SqlsinkStreamWriter(options, schema, sink_id)
             writer.writer_token = driver_token(sink_id) if sink_id else None
             return _planned_here(writer)
+
+
+def _parse(given: dict[str, str]) -> SinkOptions:
+    options = SinkOptions.parse(given)
+    if options.mode is Mode.REPLACE:
+        raise ConfigError(
+            "mode=replace is the foreachBatch writer's (complete output mode: one partition "
+            "replaces the table); format('sqlsink') writes append or upsert. Use "
+            "sqlsink.ForeachBatchWriter(...).to(table, mode='replace')"
+        )
+    return options
 
 
 # Spark's worker that plans a write: it calls writer()/streamWriter(), then pickles the
@@ -147,41 +160,6 @@ def _sink_error_first() -> Iterator[None]:
         raise
 
 
-def _plan_target(
-    options: SinkOptions, schema: StructType, key: str, sink_id: str | None = None
-) -> TargetPlan:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from sqlsink.postgres import appnames, views
-    from sqlsink.postgres.checks import check_at_start
-    from sqlsink.postgres.connection import connect
-    from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
-    from sqlsink.postgres.target import plan_target
-    from sqlsink.spark.types import table_columns
-
-    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
-        # server settings: an error stops here, before any data; warnings are logged once
-        # per worker and again only when the verdict changes
-        check_at_start(
-            conn,
-            key=key,
-            partitions=options.max_partitions,  # the most a batch may have (None: unknown)
-            exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
-        )
-        ensure_schema(conn)
-        view = options.consistent_view
-        if view is not None:  # the tasks' markers must record their xid (schema 5)
-            why = f"option consistentView={view}"
-            ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
-        create = table_columns(schema) if options.create_table else None
-        # the zone only labels timestamps here; which one does not change what can be encoded
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        plan = plan_target(conn, options, schema.fieldNames(), create, arrow_schema)
-        if view is not None:  # refusals before any data; the committer creates the view
-            views.check_before_writing(conn, view, options.table, sink_id)
-        return plan
-
-
 class _SinkWriter:
     """What the stream and the batch writer share: the plan, the partition write, the commit.
 
@@ -210,7 +188,7 @@ class _SinkWriter:
     @property
     def target(self) -> TargetPlan:
         if self._target is None:
-            self._target = _plan_target(self.options, self.schema, self.check_key, self.sink_id)
+            self._target = plan_write(self.options, self.schema, self.check_key, self.sink_id)
         return self._target
 
     def __getstate__(self) -> dict[str, Any]:
@@ -237,7 +215,7 @@ class _SinkWriter:
             return None  # no task wrote anything, and no sink id to look up: nothing to decide
         # a stream relates its checkpoint to the log (invariant 9); a batch load has none
         stream = not self.is_load
-        with _CommitterSession(self.options, sink_id, check_checkpoint=stream) as committer:
+        with CommitterSession(self.options, sink_id, check_checkpoint=stream) as committer:
             committer.commit_batch(
                 batch_id,
                 outcomes,
@@ -246,6 +224,7 @@ class _SinkWriter:
                 load=self.is_load,
             )
             self._recheck_server(committer.backend.conn, sink_id, outcomes)
+        check_key_ranges(self.writer_token or sink_id, sink_id, batch_id, outcomes)
         return sink_id
 
     def _recheck_server(
@@ -282,7 +261,7 @@ class _SinkWriter:
                 batch_id,
             )
             return
-        with _CommitterSession(self.options, sink_id) as committer:
+        with CommitterSession(self.options, sink_id) as committer:
             committer.abort_batch(
                 batch_id,
                 outcomes,
@@ -386,50 +365,6 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages, 0, self.run_id)
-
-
-class _CommitterSession:
-    """A connection and a Committer for one commit()/abort() call."""
-
-    def __init__(
-        self, options: SinkOptions, sink_id: str, *, check_checkpoint: bool = False
-    ) -> None:
-        self.options = options
-        self.sink_id = sink_id
-        self.check_checkpoint = check_checkpoint  # a stream's commit: its checkpoint vs the log
-
-    def __enter__(self) -> Any:
-        from sqlsink.checkpoint import checkpoint_policy
-        from sqlsink.core.checkpoint_check import CheckpointCheck
-        from sqlsink.core.committer import Committer
-        from sqlsink.postgres import appnames
-        from sqlsink.postgres.backend import PostgresBackend
-        from sqlsink.postgres.connection import connect
-        from sqlsink.postgres.views import ConsistentView
-
-        self.conn = connect(
-            self.options.url,
-            self.options.password,
-            application_name=appnames.committer(self.sink_id),
-        )
-        backend = PostgresBackend(self.conn, self.options.lock_timeout_s)
-        check = None
-        if self.check_checkpoint:
-            policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
-            check = CheckpointCheck(backend, policy)
-        view = self.options.consistent_view
-        return Committer(
-            backend,
-            self.sink_id,
-            timeouts=self.options.timeouts,
-            run_timeout_s=self.options.run_timeout_s,
-            keep_batches=self.options.keep_batches,
-            checkpoint_check=check,
-            view=None if view is None else ConsistentView(backend, view, self.options.table),
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        self.conn.close()
 
 
 def _outcomes(messages: list[WriterCommitMessage | None]) -> list[PartitionOutcome | None]:

@@ -22,31 +22,35 @@ the batch is decided.
 Identity (docs/DESIGN.md 1.5, README "The foreachBatch writer"): the query id, run id and
 batch id come from Spark's local properties on the driver thread that runs the
 foreachBatch function (``sql.streaming.queryId``, ``spark.jobGroup.id``,
-``streaming.sql.batchId``), else from the ``query_id=`` argument with a run id made
-by this writer's process; the checkpoint from ``checkpoint_location=``, else from
-the running query. Without any query id the writer refuses.
+``streaming.sql.batchId``), else (Spark Connect, or outside a stream) from the
+query's checkpoint (``checkpoint_location=``, its ``metadata`` file) or the
+``query_id=`` argument, with a run id made by the process the writer runs in; the
+checkpoint from ``checkpoint_location=``, else from the running query. Without any
+query id the writer refuses.
+
+The batch and its parts are in ``spark/batch.py``, the shaping of each DataFrame and
+its Spark job in ``spark/parts.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
-from sqlsink.options import Semantic, SinkOptions
+from sqlsink.options import SinkOptions, checkpoint_query_id
+
+if TYPE_CHECKING:
+    from sqlsink.spark.batch import Batch
 
 log = logging.getLogger("sqlsink")
 
 _QUERY_ID = "sql.streaming.queryId"
 _BATCH_ID = "streaming.sql.batchId"
 _RUN_ID = "spark.jobGroup.id"  # a streaming query's run id, set on its micro-batch thread
-_OUTCOME_SCHEMA = "outcome binary"
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class ForeachBatchWriter:
 
     - ``checkpoint_location``: the query's checkpoint, for the checkpoint check (else
       read from the running query where this Spark offers it, else not checked);
+    - ``range_partition``: when the table has a primary key (or the upsert's key), each
+      DataFrame is range-partitioned by it before writing, as many partitions as it had
+      (round-robin partitions interleave increasing keys, and PostgreSQL's inserts then
+      queue on one index page: README "Performance"); False writes the partitions as given;
     - ``query_id``: the streaming query's id, for launch paths where Spark's local
       properties are not readable (e.g. Spark Connect); inside a classic foreachBatch
       it must match Spark's, and is not needed;
@@ -83,14 +91,19 @@ class ForeachBatchWriter:
         sink_id: str,
         checkpoint_location: str | None = None,
         query_id: str | None = None,
+        range_partition: bool = True,
         **options: str,
     ) -> None:
         from sqlsink.core.gid import check_sink_id
+        from sqlsink.spark.support import require_foreach_batch
 
+        require_foreach_batch()
         self.url = url
         self.sink_id = check_sink_id(sink_id)
         self.checkpoint_location = checkpoint_location
         self.query_id = query_id
+        self.range_partition = range_partition
+        self.trap_warned = False  # the interleaved-key trap is said once per writer
         reserved = {"url", "table", "sinkid", "mode", "keycolumns", "deletecolumn"}
         given = sorted(k for k in options if k.lower() in reserved)
         if given:
@@ -116,6 +129,12 @@ class ForeachBatchWriter:
         # writer object (so per driver process), never reused
         self.process_run_id = uuid.uuid4().hex
         self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled in another process (Spark Connect runs foreachBatch in a Python worker
+        of its server, one per query start): that process is a run of its own."""
+        self.__dict__.update(state)
+        self.process_run_id = uuid.uuid4().hex
 
     def sink_options(
         self,
@@ -147,7 +166,8 @@ class ForeachBatchWriter:
         """The function for ``foreachBatch``: each batch into ``table``.
 
         ``mode="upsert"`` (with ``key``, else the table's primary key) is what update
-        output mode needs: a key's newest row replaces the stored one."""
+        output mode needs: a key's newest row replaces the stored one. ``mode="replace"``
+        is complete output mode's: the batch replaces every row of the table (``Batch.replace``)."""
         self.sink_options(table, mode=mode, key=key, delete_column=delete_column)
 
         def write(batch_df: Any, batch_id: int) -> None:
@@ -158,6 +178,8 @@ class ForeachBatchWriter:
 
     def batch(self, batch_id: int) -> Batch:
         """A context in which several DataFrames form one batch: one decision for all."""
+        from sqlsink.spark.batch import Batch
+
         return Batch(self, int(batch_id))
 
     def identity(self, session: Any, batch_id: int) -> Identity:
@@ -179,250 +201,31 @@ class ForeachBatchWriter:
             if run:
                 return Identity(query, run, checkpoint, from_spark=True)
             return Identity(query, self.process_run_id, checkpoint, from_spark=False)
-        if self.query_id is None:
+        from_checkpoint = checkpoint_query_id(self.checkpoint_location)
+        if self.query_id is not None and from_checkpoint not in (None, self.query_id):
+            raise ConfigError(
+                f"sink {self.sink_id!r}: query_id={self.query_id!r} was given, but the "
+                f"checkpoint {self.checkpoint_location} belongs to query {from_checkpoint}: "
+                "drop query_id"
+            )
+        given = self.query_id or from_checkpoint
+        if given is None:
             raise ConfigError(
                 f"sink {self.sink_id!r}: no streaming query id: Spark's local property "
-                f"{_QUERY_ID} is not set here (not inside foreachBatch of a streaming query, "
-                "or a launch path such as Spark Connect that hides it) and no query_id= "
-                "argument was given. sqlsink does not guess a writer identity: call it from "
-                "foreachBatch, or pass ForeachBatchWriter(..., query_id=<the query's id>, "
-                "checkpoint_location=<its checkpoint>)"
-            )
-        return Identity(self.query_id, self.process_run_id, self.checkpoint_location, False)
-
-
-class Batch:
-    """One batch of a ForeachBatchWriter: its parts are prepared by Spark jobs as they are
-    given; leaving the block decides and commits them all, or aborts them all."""
-
-    def __init__(self, writer: ForeachBatchWriter, batch_id: int) -> None:
-        self.writer = writer
-        self.batch_id = batch_id
-        self.identity: Identity | None = None
-        self.outcomes: list[PartitionOutcome | None] = []
-        self.first_options: SinkOptions | None = None
-        self.parts = 0
-        self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
-
-    def __enter__(self) -> Batch:
-        return self
-
-    def append(self, df: Any, table: str) -> None:
-        """Insert the DataFrame's rows into ``table``."""
-        self.write(df, table, mode="append")
-
-    def upsert(
-        self,
-        df: Any,
-        table: str,
-        key: Sequence[str] | None = None,
-        delete_column: str | None = None,
-    ) -> None:
-        """Insert or replace by ``key`` (default: the table's primary key); rows whose
-        ``delete_column`` is true delete their key instead."""
-        self.write(df, table, mode="upsert", key=key, delete_column=delete_column)
-
-    def write(
-        self,
-        df: Any,
-        table: str,
-        *,
-        mode: str = "append",
-        key: Sequence[str] | None = None,
-        delete_column: str | None = None,
-    ) -> None:
-        """Prepare ``df`` into ``table`` as the next part of the batch (a Spark job)."""
-        from sqlsink.core.gid import MAX_PART
-
-        if self.parts > MAX_PART:
-            raise ConfigError(f"a batch holds at most {MAX_PART + 1} DataFrames")
-        writer = self.writer
-        if self.identity is None:
-            self.identity = writer.identity(df.sparkSession, self.batch_id)
-            self._check_writer()
-        options = writer.sink_options(
-            table,
-            mode=mode,
-            key=key,
-            delete_column=delete_column,
-            checkpoint=self.identity.checkpoint,
-        )
-        if self.first_options is None:
-            self.first_options = options
-        df = _capped(df, options)
-        self.planned += _check_slots(df, options, self.planned, self.batch_id)
-        part, self.parts = self.parts, self.parts + 1
-        self.outcomes += _prepare(df, options, self.identity, self.batch_id, part)
-
-    def _check_writer(self) -> None:
-        """Binding and forward-only checks before any job: a clear error, nothing written."""
-        from sqlsink.core.committer import check_binding, check_forward
-        from sqlsink.core.model import Binding
-        from sqlsink.spark.datasource import _CommitterSession
-
-        assert self.identity is not None
-        options = self.writer.sink_options("public.sqlsink_probe")
-        with _CommitterSession(options, self.writer.sink_id) as committer:
-            backend, sink_id = committer.backend, self.writer.sink_id
-            from sqlsink.postgres.checks import require_prepared_transactions
-            from sqlsink.postgres.schema import ensure_schema
-
-            if options.semantic is Semantic.EXACTLY_ONCE:  # the first error, before any DDL
-                require_prepared_transactions(backend.conn)
-            ensure_schema(backend.conn)
-            highest = backend.highest_decided(sink_id)
-            check_binding(
-                sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
-            )
-            check_forward(sink_id, self.batch_id, highest)
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.identity is None or self.first_options is None:
-            return  # nothing was given: nothing prepared, nothing to decide
-        if exc is None:
-            self._commit(self.first_options, self.identity)
-        else:
-            self._abort(self.first_options, self.identity)
-
-    def _commit(self, options: SinkOptions, identity: Identity) -> None:
-        from sqlsink.postgres.checks import check_server, log_findings
-        from sqlsink.spark.datasource import _CommitterSession
-
-        sink_id = self.writer.sink_id
-        checked = identity.checkpoint is not None
-        try:
-            with _CommitterSession(options, sink_id, check_checkpoint=checked) as committer:
-                committer.commit_batch(
-                    self.batch_id,
-                    self.outcomes,
-                    query_id=identity.query_id,
-                    run_id=identity.run_id,
+                f"{_QUERY_ID} is not readable here (Spark Connect runs foreachBatch in a "
+                "session that hides it, or this is not inside foreachBatch of a streaming "
+                "query)"
+                + (
+                    f", and the checkpoint {self.checkpoint_location} has no readable "
+                    "metadata file here"
+                    if self.checkpoint_location
+                    else ""
                 )
-                writes = [o.prepared_at - o.started_at for o in self.outcomes if o and o.gid]
-                findings = check_server(
-                    committer.backend.conn,
-                    partitions=len(self.outcomes),
-                    slowest_write_s=max(writes, default=None),
-                    exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
-                )
-                log_findings(findings, key=sink_id)
-        except BaseException:
-            self._abort(options, identity)
-            raise
-
-    def _abort(self, options: SinkOptions, identity: Identity) -> None:
-        from sqlsink.spark.datasource import _CommitterSession
-
-        try:
-            with _CommitterSession(options, self.writer.sink_id) as committer:
-                committer.abort_batch(
-                    self.batch_id,
-                    self.outcomes,
-                    run_id=identity.run_id,
-                    query_id=identity.query_id,
-                )
-        except Exception as exc:  # the original error matters more; recovery resolves later
-            log.warning(
-                "sqlsink %s: batch %d: the abort failed too (%s); the next batch or "
-                "sqlsink recover resolves what it prepared",
-                self.writer.sink_id,
-                self.batch_id,
-                exc,
+                + ". sqlsink does not guess a writer identity: pass the query's checkpoint, "
+                "ForeachBatchWriter(..., checkpoint_location=<the checkpointLocation of the "
+                "query>) (its query id is read from it), or query_id=<the query's id>"
             )
-        if not identity.from_spark:
-            # the run marked this batch aborted: a retry of it in this process must be a
-            # new run (Spark's own run ends with the failed query, so it never retries)
-            self.writer.process_run_id = uuid.uuid4().hex
-
-
-def _capped(df: Any, options: SinkOptions) -> Any:
-    """Option maxPartitions: each non-empty partition takes a connection and a
-    prepared-transaction slot, so the DataFrame is coalesced to at most that many
-    partitions (no shuffle; the work before it runs in as many tasks, which
-    ``repartition(n)`` before the write avoids when it needs more)."""
-    cap = options.max_partitions
-    if cap is None:
-        return df
-    try:
-        if int(df.rdd.getNumPartitions()) <= cap:
-            return df
-    except Exception:  # Spark Connect has no RDDs: coalesce anyway (fewer is a no-op)
-        pass
-    return df.coalesce(cap)
-
-
-def _check_slots(df: Any, options: SinkOptions, before: int, batch_id: int) -> int:
-    """Issue 12 item 12: every partition of the batch stays prepared until its commit, so
-    a server with fewer prepared-transaction slots than the batch's partitions can never
-    commit it. This writer knows the count before writing (the data source does not):
-    refuse before any slot is taken. Returns this DataFrame's partition count."""
-    from sqlsink.options import Semantic
-    from sqlsink.postgres import appnames
-    from sqlsink.postgres.checks import require_prepared_transactions
-    from sqlsink.postgres.connection import connect
-
-    try:
-        partitions = int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect has no RDDs: the tasks' own check (53200) remains
-        return 0
-    if options.semantic is not Semantic.EXACTLY_ONCE:
-        return partitions
-    total = before + partitions
-    if total <= _SLOTS_OK.get(options.url, 0):  # the slots only change with a restart
-        return partitions
-    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
-        try:
-            require_prepared_transactions(conn, total)
-        except ConfigError as exc:
-            if exc.context.get("value") == "0":
-                raise  # disabled: no partition count helps, the sentence says what does
-            raise ConfigError(
-                f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
-                + (f", after {before} of the batch's earlier DataFrames" if before else "")
-                + f"), nothing written: {exc.message}; or write fewer partitions "
-                "(the option maxPartitions, or batch_df.coalesce(n))",
-                **exc.context,
-            ) from None
-    _SLOTS_OK[options.url] = total
-    return partitions
-
-
-# url -> the most partitions a batch was checked to have slots for (this process);
-# the tasks' own error (SQLSTATE 53200) stays the backstop after a server restart
-_SLOTS_OK: dict[str, int] = {}
-
-
-def _prepare(
-    df: Any, options: SinkOptions, identity: Identity, batch_id: int, part: int
-) -> list[PartitionOutcome | None]:
-    """One Spark job: every task prepares its partition; their outcomes, on the driver."""
-    from sqlsink.spark.datasource import _plan_target
-
-    target = _plan_target(options, df.schema, options.sink_id or "")
-    sink_id = options.sink_id
-    assert sink_id is not None
-    query_id, run_id = identity.query_id, identity.run_id
-
-    def prepare(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        from sqlsink.postgres.partition import write_partition
-        from sqlsink.spark.task import current_task
-
-        task = current_task(sink_id, batch_id, run_id, query_id, part)
-        outcome = write_partition(options, target, task, batches)
-        yield pa.RecordBatch.from_pydict(
-            {"outcome": [pickle.dumps(outcome)]}, schema=pa.schema([("outcome", pa.binary())])
-        )
-
-    rows = df.mapInArrow(prepare, _OUTCOME_SCHEMA).collect()
-    outcomes: list[PartitionOutcome | None] = [pickle.loads(r["outcome"]) for r in rows]
-    return outcomes
+        return Identity(given, self.process_run_id, self.checkpoint_location, False)
 
 
 def _local_properties(session: Any) -> dict[str, str]:

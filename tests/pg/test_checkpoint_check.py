@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sqlsink.checkpoint import checkpoint_policy
+from sqlsink.checkpoint.parse import checkpoint_policy
 from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
     CheckpointMode,
@@ -33,7 +33,7 @@ from sqlsink.core.checkpoint_check import (
 from sqlsink.core.committer import Committer
 from sqlsink.core.model import PartitionOutcome, ResolutionReport
 from sqlsink.errors import CheckpointError, DataLossError
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import checkpoint_records, retention
 from sqlsink.postgres.backend import PostgresBackend
 from tests.pg.protocol import Writer, ids_of, prepared_of
 
@@ -95,9 +95,9 @@ def decided(url: str, sink: str) -> list[int]:
     return [int(str(r[0])) for r in rows]
 
 
-def checks(url: str, sink: str) -> list[commit_log.CheckpointCheckRow]:
+def checks(url: str, sink: str) -> list[checkpoint_records.CheckpointCheckRow]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return commit_log.checkpoint_checks(conn, sink)  # type: ignore[arg-type]
+        return checkpoint_records.checkpoint_checks(conn, sink)  # type: ignore[arg-type]
 
 
 def status(url: str, sink: str) -> tuple[int, dict[str, Any], str]:
@@ -320,7 +320,7 @@ def test_accepting_the_loss_with_forget_as_the_error_says(
     with checked(stopped, policy) as committer:
         committer.recover()  # sqlsink recover --sink-id
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        commit_log.forget_sink(conn, sink)  # type: ignore[arg-type]
+        retention.forget_sink(conn, sink)  # type: ignore[arg-type]
     # the restarted query re-runs batch 3; the sink's new log starts there
     commit(new_run(writer), 3, policy)
     assert decided(pg_url, sink) == [3]

@@ -108,6 +108,48 @@ def test_a_healthy_server_has_only_ok_findings() -> None:
 
 
 @pytest.mark.parametrize(
+    ("partitions", "in_use", "level", "says"),
+    [
+        (None, 5, OK, "at most partitions + 2 at once (5 in use now, cluster-wide, of 97 open"),
+        (40, 5, OK, "room for the up to 42 connections a batch of 40 partitions holds"),
+        (96, 0, WARNING, "a batch of 96 partitions may hold 98 connections at once"),
+        (80, 30, WARNING, "only 67 connections are free now"),
+    ],
+)
+def test_connections_against_the_partitions_of_a_batch(
+    partitions: int | None, in_use: int, level: str, says: str
+) -> None:
+    """max_connections 100, 3 reserved for superusers: 97 for the sink's role; a batch
+    holds one connection per running task plus the driver's planner and committer."""
+    settings = server(
+        setting("max_connections", "100", "100", None),
+        setting("superuser_reserved_connections", "3", "3", None, source="default"),
+    )
+    settings = ServerSettings(
+        settings.role,
+        settings.database,
+        settings.server_version_num,
+        settings.settings,
+        connections_in_use=in_use,
+    )
+    found = judge(settings, partitions=partitions)["max_connections"]
+    assert found.level == level
+    assert says in found.message
+    if level == WARNING:
+        assert found.fix is not None and "max_connections" in found.fix
+        assert "maxPartitions" in found.message or "maxPartitions" in found.fix
+
+
+def test_connections_are_read_from_the_server(pg_conn: Conn) -> None:
+    settings = read_settings(pg_conn)
+    assert settings.connections_in_use >= 1  # this session at least
+    most = int(settings.settings["max_connections"].setting)
+    found = judge(settings, partitions=most)["max_connections"]
+    assert found.level == WARNING
+    assert f"a batch of {most} partitions may hold {most + 2} connections" in found.message
+
+
+@pytest.mark.parametrize(
     ("partitions", "slots", "in_use", "level", "needed"),
     [
         (None, 0, 0, ERROR, 64),

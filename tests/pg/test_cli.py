@@ -26,10 +26,11 @@ import pytest
 from psycopg import sql
 
 from sqlsink import cli
-from sqlsink.checkpoint import DecisionState, read_checkpoint, relate
+from sqlsink.checkpoint.parse import read_checkpoint
+from sqlsink.checkpoint.relation import DecisionState, relate
 from sqlsink.cli import recover as cli_recover
 from sqlsink.core.gid import Gid
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import lock_key
 from sqlsink.postgres.schema import ensure_schema, latest_version
@@ -416,7 +417,7 @@ def test_force_is_refused_without_the_runs_it_declares_dead(db: Db) -> None:
 
 def test_status_reports_batches_prepared_transactions_and_old_ones(db: Db, other_db: Db) -> None:
     with db.connect() as conn:  # the run of the gids below is live: nothing is stranded
-        commit_log.register_run(conn, "a", RUN, 300.0, holds_lock=False)
+        run_registry.register_run(conn, "a", RUN, 300.0, holds_lock=False)
     for batch in range(3):
         gid = prepare(db, "a", batch, 0, range(batch * 10, batch * 10 + 4))
         decide(db, "a", batch, [gid], 4)
@@ -503,6 +504,17 @@ def test_check_without_and_with_the_schema(bare_db: Db) -> None:
     human = sqlsink("check", "--url", bare_db.url, "--trigger-interval", "10s")
     assert human.code == 0, human.out + human.err
     assert "max_prepared_transactions" in human.out and f"version {latest_version()}" in human.out
+
+    # --partitions: judged against the slots and the connections; 500 is too many for both
+    many = sqlsink("check", "--url", bare_db.url, "--partitions", "500", "--json")
+    assert many.code == 2, many.out + many.err  # an error finding: no batch could commit
+    assert many.json["partitions"] == 500
+    judged = {f["setting"]: f for f in many.json["findings"]}
+    assert judged["max_prepared_transactions"]["level"] == "error"
+    assert judged["max_connections"]["level"] == "warning"
+    assert (
+        "a batch of 500 partitions may hold 502 connections" in judged["max_connections"]["message"]
+    )
 
 
 def test_check_and_recover_as_a_role_without_privileges(db: Db) -> None:

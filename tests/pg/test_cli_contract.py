@@ -36,7 +36,7 @@ from sqlsink.cli.contract import (
     StatusDocument,
 )
 from sqlsink.core.checkpoint_check import Verdict
-from sqlsink.postgres import commit_log, views
+from sqlsink.postgres import checkpoint_records, run_registry, views
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.locks import sink_lock
@@ -183,9 +183,9 @@ def leftovers(db: Db) -> None:
     one of its gids rolled back by someone. Another application's prepared transaction.
     SINK's run is live (a fresh heartbeat)."""
     with db.connect() as conn:
-        commit_log.register_run(conn, SINK, RUN, 300.0, holds_lock=False)
+        run_registry.register_run(conn, SINK, RUN, 300.0, holds_lock=False)
         verdict = Verdict("verified", "commits/ 0-2 all decided", ())
-        commit_log.record_checkpoint_check(conn, SINK, RUN, 3, "/chk/q", verdict)
+        checkpoint_records.record_checkpoint_check(conn, SINK, RUN, 3, "/chk/q", verdict)
     done = prepare(db, SINK, 3, 0, range(0, 2))
     decide(db, SINK, 3, [done], 2, query=QUERY)
     with db.connect() as conn:
@@ -323,7 +323,7 @@ def _error_doc() -> dict[str, Any]:
     return {
         "version": 1, "command": "check", "url": None, "database": "d", "role": "r",
         "superuser": True, "warnings": [], "error": None, "exit_code": 0,
-        "server_version": "16.4", "trigger_interval_seconds": 10,
+        "server_version": "16.4", "trigger_interval_seconds": 10, "partitions": None,
         "findings": [
             {"level": "ok", "setting": "s", "value": None, "source": "default",
              "message": "m", "fix": None},

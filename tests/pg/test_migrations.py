@@ -12,7 +12,7 @@ import pytest
 from sqlsink.core.checkpoint_check import Verdict
 from sqlsink.core.committer import Committer
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import checkpoint_records, run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import (
     ensure_schema,
@@ -137,14 +137,14 @@ def test_version_4_adds_the_checkpoint_check_to_the_runs_of_version_3(
         for version, path in migrations():
             if version <= 3:
                 conn.execute(path.read_text(encoding="utf-8").encode())
-        assert commit_log.register_run(conn, "s", "run-3", 300, holds_lock=False) is None  # type: ignore[arg-type]
+        assert run_registry.register_run(conn, "s", "run-3", 300, holds_lock=False) is None  # type: ignore[arg-type]
         started = time.monotonic()
         assert ensure_schema(conn) == latest_version() >= 4  # type: ignore[arg-type]
         assert time.monotonic() - started < 5
-        assert commit_log.checkpoint_checks(conn, "s") == []  # type: ignore[arg-type]
+        assert checkpoint_records.checkpoint_checks(conn, "s") == []  # type: ignore[arg-type]
         verdict = Verdict("loss", "batches 3, 4 in commits/ of /chk but not decided", (3, 4))
-        commit_log.record_checkpoint_check(conn, "s", "run-3", 5, "/chk", verdict)  # type: ignore[arg-type]
-        [row] = commit_log.checkpoint_checks(conn, "s")  # type: ignore[arg-type]
+        checkpoint_records.record_checkpoint_check(conn, "s", "run-3", 5, "/chk", verdict)  # type: ignore[arg-type]
+        [row] = checkpoint_records.checkpoint_checks(conn, "s")  # type: ignore[arg-type]
         assert (row.run_id, row.newest, row.verdict, row.lost, row.location, row.batch_id) == (
             "run-3",
             True,

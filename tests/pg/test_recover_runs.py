@@ -14,7 +14,7 @@ from psycopg import sql
 
 from sqlsink.core.gid import Gid
 from sqlsink.errors import CommitError, FencedError
-from sqlsink.postgres import commit_log, locks
+from sqlsink.postgres import locks, run_registry
 from tests.pg.protocol import Writer, ids_of, prepared_of
 from tests.pg.test_cli import sqlsink
 
@@ -42,9 +42,9 @@ def late_gid(url: str, table: str, sink: str, batch: int, run: str, ids: range) 
     return gid
 
 
-def runs_of(url: str, sink: str) -> dict[str, commit_log.RunInfo]:
+def runs_of(url: str, sink: str) -> dict[str, run_registry.RunInfo]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return {r.run_id: r for r in commit_log.runs(conn, sink)}
+        return {r.run_id: r for r in run_registry.runs(conn, sink)}
 
 
 def sql_exec(url: str, query: str, *params: Any) -> None:
@@ -213,7 +213,7 @@ def test_force_fences_the_named_run_ends_its_session_and_resolves(
 
     with psycopg.connect(pg_url, autocommit=True) as paused:  # the run's committer, stuck
         assert locks.try_sink_lock(paused, sink)
-        commit_log.register_run(paused, sink, "run-stuck", 300.0, holds_lock=True)
+        run_registry.register_run(paused, sink, "run-stuck", 300.0, holds_lock=True)
         pid = paused.info.backend_pid
         forced = sqlsink(
             "recover", "--url", pg_url, "--sink-id", sink, "--force", "--run-id", "run-stuck",

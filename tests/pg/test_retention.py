@@ -14,7 +14,7 @@ import pytest
 from sqlsink.core.committer import PRUNE_EVERY
 from sqlsink.errors import CheckpointError, ConfigError
 from sqlsink.options import SinkOptions
-from sqlsink.postgres import commit_log
+from sqlsink.postgres import commit_log, retention
 from tests.pg.protocol import Writer, ids_of, prepared_of
 
 
@@ -59,7 +59,7 @@ def test_an_incomplete_decision_is_never_pruned(pg_url: str, keyed: str, sink: s
     assert outcome.gid is not None
     with psycopg.connect(pg_url, autocommit=True) as conn:
         commit_log.insert_decision(conn, sink, 1, [outcome.gid], 5, "q1", stream.run)  # type: ignore[arg-type]
-        assert commit_log.prune_decisions(conn, sink, 1) == 1  # type: ignore[arg-type]
+        assert retention.prune_decisions(conn, sink, 1) == 1  # type: ignore[arg-type]
     assert decided(pg_url, sink) == ([1], 0)
     stream.commit(1, [outcome])  # the incomplete decision still commits its batch
     assert ids_of(pg_url, keyed) == list(range(10))

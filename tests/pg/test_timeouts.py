@@ -10,7 +10,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sqlsink.core.committer import Committer, TimeoutPolicy
+from sqlsink.core.committer import Committer
+from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema

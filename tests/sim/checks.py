@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 # "task-fenced" (never tolerated by the default run).
 KNOWN: dict[str, str] = {
     # windows of the core this simulation found, while they stay open (each was tolerated
-    # and counted until its fix; both are closed now: commit_log.register_run's ``admit``,
+    # and counted until its fix; both are closed now: run_registry.register_run's ``admit``,
     # and Committer.resolve_leftovers registering again under the lock)
 }
 

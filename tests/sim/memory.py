@@ -5,8 +5,9 @@ and marker they hold), row locks, session advisory locks, sessions, and per data
 the commit log of schema version 3 (``sinks``, ``decisions``, ``markers``, ``runs``
 with ``register_run`` and the triggers that keep incomplete decisions). Its
 semantics copy ``sqlsink/postgres/backend.py``, ``postgres/commit_log.py``,
-``postgres/locks.py`` and ``sql/003_writers_and_runs.sql``; the contract tests
-(``test_backend_contract.py``) run the same scenarios against both.
+``postgres/run_registry.py``, ``postgres/retention.py``, ``postgres/locks.py`` and
+``sql/003_writers_and_runs.sql``; the contract tests (``test_backend_contract.py``)
+run the same scenarios against both.
 
 ``MemoryBackend`` is one session on it. It implements
 ``sqlsink.core.backend.TwoPhaseBackend`` and ``sqlsink.core.participant.ParticipantBackend``,
@@ -595,7 +596,7 @@ class MemoryBackend:
         token: str | None = None,
     ) -> str | None:
         """sqlsink.register_run of sql/006_registration_row_lock.sql (and 007's token),
-        after ``admit`` under the sink row's lock (commit_log.register_run): one step, as
+        after ``admit`` under the sink row's lock (run_registry.register_run): one step, as
         one transaction is."""
         self._call(f"register run {run_id} of {sink_id}{' (lock)' if holds_lock else ''}")
         log, now = self._log, self._now()
@@ -833,7 +834,7 @@ class MemoryBackend:
     # -- operators and the CLI ----------------------------------------------------------
 
     def forget_sink(self, sink_id: str) -> int:
-        """commit_log.forget_sink (the caller holds the sink lock): decisions removed."""
+        """retention.forget_sink (the caller holds the sink lock): decisions removed."""
         self._call(f"forget {sink_id}")
         log = self._log
         prefix = Gid.sink_prefix(sink_id)

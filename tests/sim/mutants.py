@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from sqlsink.core import abort as abort_module
+from sqlsink.core import admission as admission_module
 from sqlsink.core import committer as committer_module
 from sqlsink.core import participant as participant_module
 from sqlsink.core.committer import Committer
@@ -39,7 +41,8 @@ def item_2_null_binding_passes() -> Iterator[None]:
         )
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(committer_module, "refuses", refuses)
+        mp.setattr(admission_module, "refuses", refuses)  # check_binding's
+        mp.setattr(abort_module, "refuses", refuses)  # abort_batch's
         yield
 
 
@@ -68,7 +71,7 @@ def _old_abort_batch(
 ) -> ResolutionReport:
     """``Committer.abort_batch`` of b5cc5c7: no binding check, no run of its own checked,
     and a run it does not know makes it resolve everything (no driver token then)."""
-    sink_id = self._sink()
+    sink_id = self.required_sink()
     with self.backend.sink_lock(sink_id):
         decided = (sink_id, batch_id) in self.backend.decisions(sink_id, [(sink_id, batch_id)])
         if run_id is None:
@@ -77,7 +80,7 @@ def _old_abort_batch(
             scope = Scope.live(run_id, batch_id) if run_id else Scope.everything()
         else:
             scope = Scope.aborting(run_id, batch_id) if run_id else Scope.everything()
-        return self._resolve(scope, dry_run=False)[1]
+        return self.resolver.resolve(scope, dry_run=False)[1]
 
 
 @contextmanager
@@ -108,7 +111,7 @@ def item_9_fencing_ignored() -> Iterator[None]:
     ) -> None:
         if run_id is not None:
             self.backend.register_run(
-                self._sink(), run_id, self.run_timeout_s, holds_lock=holds_lock, token=token
+                self.required_sink(), run_id, self.run_timeout_s, holds_lock=holds_lock, token=token
             )
 
     def state(self: Participant) -> TaskState:

@@ -21,7 +21,7 @@ from psycopg import sql
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres import appnames, commit_log, locks
+from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import forget_sink
@@ -147,7 +147,7 @@ class PostgresHarness:
 
     def forget(self, backend: PostgresBackend, sink: str) -> int:
         with locks.sink_lock(backend.conn, sink, 5.0):
-            return commit_log.forget_sink(backend.conn, sink).decisions
+            return retention.forget_sink(backend.conn, sink).decisions
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -40,11 +40,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from sqlsink.core.committer import Committer, TimeoutPolicy
+from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
+from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError, SinkBindingError, SqlsinkError
 from tests.sim.checks import KNOWN, Checker
 from tests.sim.memory import ConnectionLost, MemoryBackend, Server, SqlError

@@ -18,7 +18,8 @@ SCHEMA = "id BIGINT, payload STRING, ts TIMESTAMP, amount DOUBLE"
 
 
 def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
-    """A local SparkSession as the tests use it, sqlsink registered, logging at ERROR.
+    """A local SparkSession as the tests use it, logging at ERROR, sqlsink registered where
+    this PySpark has the data source API (4.1 and later; tests/spark_lines runs older lines).
 
     Its Python workers run this interpreter (the venv with pyarrow and psycopg):
     PYSPARK_PYTHON is set before the JVM starts. ``conf`` adds Spark settings.
@@ -40,7 +41,10 @@ def local_session(app: str, master: str = "local[2]", **conf: str) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    sqlsink.register(spark)
+    from sqlsink.spark.support import DATA_SOURCE, parse_version
+
+    if parse_version(spark.version) >= DATA_SOURCE:
+        sqlsink.register(spark)
     return spark
 
 

@@ -196,6 +196,9 @@ def test_wrong_password(spark: Any, tmp_path: Path, no_slots: EmbeddedPostgres) 
     options = {"url": url, "table": "events", "createTable": "true"}
     assert first_line(stream_error(spark, tmp_path, options)).startswith(expected)
     assert first_line(batch_error(spark, options)).startswith(expected)
+    _, line = foreach_batch_error(spark, tmp_path / "fb", url)  # the foreachBatch writer's
+    assert line.startswith(expected)
+    assert SECRET not in line
     nothing_written(no_slots)
 
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -21,6 +17,7 @@ from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError, SinkBindingError
 from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.fix_pg import PgServer, prepared_transactions
+from tests.spark.fb_windows import WINDOWS, TwoTables, killed_at, restarted
 from tests.spark.streams import SCHEMA, decided_batches, table_ids, write_source
 
 pytestmark = pytest.mark.spark
@@ -132,54 +129,25 @@ def test_task_failing_after_prepare_commits_exactly_once(
     assert len(gids) == 2  # the retry adopted the first attempt's transaction
 
 
-def test_two_tables_killed_mid_commit_hold_the_batch_together(
-    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer
+@pytest.mark.crash
+@pytest.mark.parametrize("point", list(WINDOWS))
+def test_killed_in_a_window_then_restarted_holds_both_tables_exactly_once(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, point: str
 ) -> None:
+    """The driver SIGKILLed before the decision, between the two COMMIT PREPAREDs of a
+    two-table batch (one table has it, the other's transaction is prepared), and after
+    the commit before Spark's commits/1; the restart (the shared session) recovers or
+    replays: both tables hold every record once, nothing is left prepared."""
     from tests.spark.foreach_batch_driver import run, two_tables
 
-    name = uuid.uuid4().hex[:10]
-    orders, lines, sink_id = f"o_{name}", f"l_{name}", f"fb-{name}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(orders))
-        )
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, amount float8)").format(
-                sql.Identifier(lines)
-            )
-        )
-    write_source(tmp_path / "src", [range(0, 30), range(30, 70), range(70, 100)])
-    faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps([{"point": "mid_commit", "batch": 1, "action": "kill"}]))
-    env = {**os.environ, "SQLSINK_FAULTS_FILE": str(faults), "PYSPARK_PYTHON": sys.executable}
-    args = [str(tmp_path / "src"), str(tmp_path / "chk"), pg_url, sink_id, orders, lines]
-    driver = subprocess.run(
-        [sys.executable, "-m", "tests.spark.foreach_batch_driver", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # the fault kills this group, never the test runner
-    )
-    assert driver.returncode == -signal.SIGKILL, driver.stdout[-2000:] + driver.stderr[-4000:]
-    # killed between the two COMMIT PREPAREDs of batch 1: one table has it, one is prepared
-    assert decided_batches(pg_url, sink_id) == {0: True, 1: False}
-    left = [Gid.parse(g) for g in sink_prepared(pg_server)]
-    assert len(left) == 1 and left[0] is not None and left[0].batch_id == 1
-    seen = sorted([len(table_ids(pg_url, orders)), len(table_ids(pg_url, lines))])
-    assert seen == [30, 70]
-    # the restart (the shared session) finds batch 1 decided: its replay completes it
+    tables = TwoTables.create(pg_url, pg_server.admin_url, uuid.uuid4().hex[:10], tmp_path)
     try:
-        run(spark, tmp_path / "src", tmp_path / "chk", two_tables(pg_url, sink_id, orders, lines))
-        assert table_ids(pg_url, orders) == list(range(100))
-        assert table_ids(pg_url, lines) == list(range(100))
-        assert sink_prepared(pg_server) == []
-        assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
+        killed_at(tables, point, sys.executable, tmp_path)
+        function = two_tables(pg_url, tables.sink_id, tables.orders, tables.lines)
+        run(spark, tables.source, tables.checkpoint, function)
+        restarted(tables)
     finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            for t in (orders, lines):
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(t)))
+        tables.drop()
 
 
 def test_gids_of_a_two_table_batch_carry_their_part(
@@ -330,3 +298,78 @@ def test_a_batch_with_more_partitions_than_slots_is_refused_before_writing(
     with psycopg.connect(four_slots, autocommit=True) as conn:
         left = conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()
     assert left == []
+
+
+def test_complete_mode_replaces_the_table_with_each_batch_and_replays_nothing(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    """Complete output mode through mode="replace": after every batch the table is the
+    aggregation's whole result (not the sum of batches); a replay of the last batch id
+    rewrites nothing; an empty result empties the table (one partition, still prepared)."""
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (bucket bigint PRIMARY KEY, n bigint)").format(
+                sql.Identifier(table)
+            )
+        )
+    write_source(tmp_path / "src", [range(0, 40), range(40, 90), range(90, 100)])
+    events = (
+        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "src"))
+    )
+    counts = events.groupBy((events.id % 4).alias("bucket")).count().withColumnRenamed("count", "n")
+    function = writer.to(table, mode="replace")
+    seen: list[int] = []
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        seen.append(batch_id)
+        function(batch_df, batch_id)
+
+    query = (
+        counts.writeStream.foreachBatch(write)
+        .outputMode("complete")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert seen == [0, 1, 2]
+
+    def stored() -> list[tuple[int, int]]:
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT bucket, n, xmin::text FROM {} ORDER BY bucket").format(
+                    sql.Identifier(table)
+                )
+            ).fetchall()
+        return [(int(b), int(n), str(x)) for b, n, x in rows]
+
+    after = stored()
+    assert [(b, n) for b, n, _ in after] == [(0, 25), (1, 25), (2, 25), (3, 25)]
+    assert len({x for _, _, x in after}) == 1  # one transaction wrote the whole result
+    # outside the query, the writer knows the query from its checkpoint (its metadata file)
+    function = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=writer.sink_id, checkpoint_location=str(tmp_path / "chk")
+    ).to(table, mode="replace")
+    # a replay of batch 2 (same id, other rows) writes nothing
+    function(spark.createDataFrame([(9, 9)], "bucket bigint, n bigint"), 2)
+    assert stored() == after
+    # an empty result in the next batch empties the table
+    function(spark.createDataFrame([], "bucket bigint, n bigint"), 3)
+    assert stored() == []
+    assert decided_batches(pg_url, writer.sink_id) == {0: True, 1: True, 2: True, 3: True}
+    assert sink_prepared(pg_server) == []
+
+
+def test_replace_is_refused_by_the_data_source(spark: Any, pg_url: str, table: str) -> None:
+    with pytest.raises(Exception, match=r"mode=replace is the foreachBatch writer's"):
+        (
+            spark.range(3)
+            .write.format("sqlsink")
+            .option("url", pg_url)
+            .option("table", table)
+            .option("mode", "replace")
+            .mode("append")
+            .save()
+        )

@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 
-from sqlsink.checkpoint import (
-    checkpoint_policy,
-    display_location,
-    read_checkpoint,
-    read_commits,
-)
+from sqlsink.checkpoint.files import display_location
+from sqlsink.checkpoint.parse import checkpoint_policy, read_checkpoint, read_commits
 from sqlsink.core.checkpoint_check import (
     CheckpointMode,
     LogCoverage,

@@ -1,17 +1,7 @@
-import pickle
-
 import pytest
 
 from sqlsink.core.gid import MAX_GID_BYTES, Gid, check_sink_id
-from sqlsink.errors import (
-    CommitError,
-    ConfigError,
-    DataLossError,
-    SinkBindingError,
-    SqlsinkError,
-    TransientError,
-    WriteError,
-)
+from sqlsink.errors import ConfigError
 
 RUN = "53461c5d-463b-4b5b-8db0-bc2101650395"
 
@@ -66,27 +56,6 @@ def test_sink_prefix() -> None:
     assert str(Gid("orders", 1, 2, RUN, 3)).startswith(Gid.sink_prefix("orders"))
     # a sink whose id extends another's does not share its prefix
     assert not str(Gid("orders-2", 1, 2, RUN, 3)).startswith(Gid.sink_prefix("orders"))
-
-
-@pytest.mark.parametrize(
-    "cls",
-    [
-        SqlsinkError,
-        TransientError,
-        ConfigError,
-        SinkBindingError,
-        DataLossError,
-        WriteError,
-        CommitError,
-    ],
-)
-def test_errors_pickle(cls: type[SqlsinkError]) -> None:
-    error = cls("batch 3, partition 1: something", batch=3, partition=1)
-    copy = pickle.loads(pickle.dumps(error))
-    assert type(copy) is cls
-    assert str(copy) == str(error)
-    assert copy.context == {"batch": 3, "partition": 1}
-    assert copy.transient == issubclass(cls, TransientError)
 
 
 @pytest.mark.parametrize(

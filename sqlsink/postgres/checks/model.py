@@ -21,7 +21,8 @@ TIMEOUTS = (
     "idle_session_timeout",
 )
 SYNC_REP = ("synchronous_standby_names", "synchronous_commit")
-SETTINGS = ("max_prepared_transactions", *TIMEOUTS, *SYNC_REP)
+CONNECTIONS = ("max_connections", "superuser_reserved_connections", "reserved_connections")
+SETTINGS = ("max_prepared_transactions", *TIMEOUTS, *SYNC_REP, *CONNECTIONS)
 
 
 # -- the data -----------------------------------------------------------------------------
@@ -69,6 +70,7 @@ class ServerSettings:
     # 'global'); pg_settings.source names the one in effect
     stored: Mapping[tuple[str, str], str] = field(default_factory=dict)
     prepared_in_use: int = 0  # pg_prepared_xacts, cluster-wide
+    connections_in_use: int = 0  # client sessions (pg_stat_activity), cluster-wide
     server_version: str = ""
     # standbys connected as synchronous (pg_stat_replication.sync_state sync or quorum);
     # None when this role may not see it (pg_read_all_stats or pg_monitor may)

@@ -28,11 +28,12 @@ def read_settings(conn: Connection) -> ServerSettings:
         "(SELECT CASE WHEN count(*) FILTER (WHERE sync_state IS NULL) > 0 THEN NULL "
         "             ELSE count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) END "
         "   FROM pg_stat_replication), "
-        "quote_ident(session_user::text), quote_ident(current_database()::text)"
+        "quote_ident(session_user::text), quote_ident(current_database()::text), "
+        "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
     ).fetchone()
     assert row is not None
     role, database, version, version_num, role_oid, db_oid, in_use, sync_standbys = row[:8]
-    role_ident, database_ident = row[8:]
+    role_ident, database_ident, connections = row[8:]
     rows = conn.execute(
         "SELECT name, current_setting(name), setting, unit, source, sourcefile "
         "FROM pg_settings WHERE name = ANY(%s)",
@@ -62,6 +63,7 @@ def read_settings(conn: Connection) -> ServerSettings:
         settings=found,
         stored=stored,
         prepared_in_use=int(in_use),
+        connections_in_use=int(connections),
         server_version=str(version),
         sync_standbys=None if sync_standbys is None else int(sync_standbys),
         role_ident=str(role_ident),

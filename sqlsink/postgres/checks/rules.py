@@ -75,7 +75,70 @@ def analyse(
     names = settings.settings.get("synchronous_standby_names")
     if names is not None:
         out.append(_synchronous_standbys(names, settings))
+    most = settings.settings.get("max_connections")
+    if most is not None:
+        out.append(_connections(most, settings, partitions))
     return out
+
+
+def _connections(s: Setting, settings: ServerSettings, partitions: int | None) -> Finding:
+    """Each running task of a batch holds a connection while it writes (until PREPARE),
+    and the driver holds one to plan and one to commit: up to partitions + 2 at once."""
+    source = describe_source(s, settings)
+    reserved = sum(
+        int(settings.settings[name].setting)
+        for name in ("superuser_reserved_connections", "reserved_connections")
+        if name in settings.settings
+    )
+    usable = int(s.setting) - reserved
+    in_use = settings.connections_in_use
+    now = f"{in_use} in use now, cluster-wide, of {usable} open to roles without reserved slots"
+    fix = (
+        "ALTER SYSTEM SET max_connections = {n}; -- then restart PostgreSQL (or cap a "
+        "batch's partitions with the option maxPartitions)"
+    )
+    if not partitions:
+        return Finding(
+            OK,
+            s.name,
+            s.value,
+            source,
+            "each running task of a batch holds one connection while it writes, the driver "
+            f"one to plan and one to commit: at most partitions + 2 at once ({now})",
+        )
+    need = partitions + 2
+    if need > usable:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"a batch of {partitions} partitions may hold {need} connections at once (one per "
+            f"running task, plus the driver's two) but only {usable} are open to roles "
+            f"without reserved slots: when as many tasks run at once, those beyond it fail "
+            f"to connect and the batch fails; cap it with the option "
+            f"maxPartitions={max(usable - 2, 1)}, or raise max_connections",
+            fix.format(n=need + reserved + in_use),
+        )
+    if need > usable - in_use:
+        return Finding(
+            WARNING,
+            s.name,
+            s.value,
+            source,
+            f"only {max(usable - in_use, 0)} connections are free now ({now}) for the up to "
+            f"{need} that a batch of {partitions} partitions holds at once: tasks beyond "
+            "them fail to connect and the batch fails",
+            fix.format(n=need + reserved + in_use),
+        )
+    return Finding(
+        OK,
+        s.name,
+        s.value,
+        source,
+        f"room for the up to {need} connections a batch of {partitions} partitions holds at "
+        f"once ({now})",
+    )
 
 
 # every non-empty partition of a batch holds a connection while it writes and a

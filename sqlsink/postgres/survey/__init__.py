@@ -6,7 +6,7 @@
     prepared transactions, and which decided ones are lost (``confirm_lost``);
 ``sessions``
     the sessions of a sink and those holding its lock (shown as evidence; liveness is
-    the runs registry's, ``commit_log.runs``);
+    the runs registry's, ``run_registry.runs``);
 ``roles``
     who the connection is;
 ``server_checks``

@@ -20,6 +20,7 @@ from sqlsink.postgres.survey.roles import role_info
 @dataclass(frozen=True)
 class CheckContext:
     trigger_interval_s: float | None = None  # the query's trigger interval, when given
+    partitions: int | None = None  # the partitions of a batch, when given
 
 
 def readable_version(conn: Connection) -> int | None:
@@ -205,7 +206,7 @@ def _true(conn: Connection, query: str, params: tuple[object, ...]) -> bool:
 
 def check_settings(conn: Connection, ctx: CheckContext) -> list[Finding]:
     """max_prepared_transactions and the timeouts: see sqlsink.postgres.checks."""
-    return check_server(conn, trigger_interval_s=ctx.trigger_interval_s)
+    return check_server(conn, trigger_interval_s=ctx.trigger_interval_s, partitions=ctx.partitions)
 
 
 def check_consistent_views(conn: Connection, ctx: CheckContext) -> list[Finding]:

@@ -1,0 +1,196 @@
+"""The runs registry (``sqlsink.runs``, invariant 10): who is writing a sink now.
+
+Each run of a sink registers (a fencing token and a heartbeat); a newer run
+supersedes the older ones, an operator may fence a run (``sqlsink recover
+--force``), and Spark's abort of a batch ends a run. This module owns those
+statements and the one query that judges a run live or dead (``RUNS_SQL``), so that
+recovery, forget and the CLI judge alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlsink.core.model import Binding
+from sqlsink.postgres.commit_log import binding_of
+from sqlsink.postgres.connection import Connection
+
+
+def register_run(
+    conn: Connection,
+    sink_id: str,
+    run_id: str,
+    live_for_s: float,
+    *,
+    holds_lock: bool,
+    admit: Callable[[Binding | None, int | None], None] | None = None,
+    token: str | None = None,
+) -> str | None:
+    """Record the run (fencing token, heartbeat); the run that fenced it, if it is fenced.
+    ``admit(binding, highest)`` runs first with the sink's row locked, in the same
+    transaction: when it raises, nothing is recorded. ``token``: the driver's, recorded
+    once (schema version 7: the caller passes it only from that version on)."""
+    register = "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)"
+    args = (sink_id, run_id, live_for_s, holds_lock)
+    if admit is None:
+        row = conn.execute(register, args).fetchone()
+        _record_token(conn, sink_id, run_id, token, row)
+    else:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO sqlsink.sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                (sink_id,),
+            )
+            bound_row = conn.execute(
+                "SELECT s.writer, s.query_id, (SELECT max(batch_id) FROM sqlsink.decisions d "
+                "                              WHERE d.sink_id = s.sink_id) "
+                "FROM sqlsink.sinks s WHERE s.sink_id = %s FOR NO KEY UPDATE",
+                (sink_id,),
+            ).fetchone()
+            assert bound_row is not None
+            writer, query_id, highest = bound_row
+            admit(binding_of(writer, query_id), None if highest is None else int(highest))
+            row = conn.execute(register, args).fetchone()
+            _record_token(conn, sink_id, run_id, token, row)
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def _record_token(
+    conn: Connection, sink_id: str, run_id: str, token: str | None, row: tuple[object, ...] | None
+) -> None:
+    if token is None or (row is not None and row[0] is not None):  # none, or fenced
+        return
+    conn.execute(
+        "UPDATE sqlsink.runs SET writer_token = %s "
+        "WHERE sink_id = %s AND run_id = %s AND writer_token IS NULL",
+        (token, sink_id, run_id),
+    )
+
+
+def run_of_token(conn: Connection, sink_id: str, token: str) -> str | None:
+    """The newest run whose tasks registered with this driver token (None before
+    version 7)."""
+    if not has_writer_tokens(conn):
+        return None
+    row = conn.execute(
+        "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s AND writer_token = %s "
+        "ORDER BY first_seen DESC LIMIT 1",
+        (sink_id, token),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def has_writer_tokens(conn: Connection) -> bool:
+    """Whether the commit log records driver tokens (version 7; an upgrade to it can be
+    deferred while prepared leftovers hold sqlsink.markers, postgres/schema.py)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.runs') "
+        "AND attname = 'writer_token' AND NOT attisdropped)"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def mark_aborted(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> None:
+    """Spark aborted this run's batch: a task of it that prepares later rolls itself back."""
+    conn.execute(
+        "UPDATE sqlsink.runs SET aborted_batch = greatest(aborted_batch, %s) "
+        "WHERE sink_id = %s AND run_id = %s",
+        (batch_id, sink_id, run_id),
+    )
+
+
+# A run is live while it is neither fenced nor over (Spark aborted one of its batches:
+# it aborts only when the query or the load fails or stops) and its heartbeat is younger
+# than its timeout: the runTimeout it registered with, or three times its recent batch
+# interval (the longest of the last three gaps between its decisions) when that is
+# longer. The data source never learns the trigger; this is what the trigger shows
+# (docs/DESIGN.md invariant 10). One statement, so that recovery, forget and the CLI
+# judge alike.
+RUNS_SQL = """
+SELECT r.sink_id, r.run_id, r.first_seen, r.heartbeat_at,
+       extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age,
+       extract(epoch FROM r.live_for)::float8 AS run_timeout,
+       extract(epoch FROM g.batch_interval)::float8 AS batch_interval,
+       extract(epoch FROM t.timeout)::float8 AS timeout,
+       r.superseded_at, r.superseded_by, r.aborted_batch,
+       (r.superseded_at IS NULL AND r.aborted_batch IS NULL
+        AND r.heartbeat_at > clock_timestamp() - t.timeout) AS live
+FROM sqlsink.runs r
+CROSS JOIN LATERAL (
+    SELECT max(gap) AS batch_interval FROM (
+        SELECT decided_at - lag(decided_at) OVER (ORDER BY batch_id) AS gap
+        FROM (SELECT batch_id, decided_at FROM sqlsink.decisions d
+              WHERE d.sink_id = r.sink_id AND d.run_id = r.run_id
+              ORDER BY batch_id DESC LIMIT 4) AS recent
+    ) AS gaps
+) AS g
+CROSS JOIN LATERAL (SELECT greatest(r.live_for, 3 * g.batch_interval) AS timeout) AS t
+WHERE (%(sink)s::text IS NULL OR r.sink_id = %(sink)s::text)
+"""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run of a sink as the registry knows it (``sqlsink.runs``), judged as ``RUNS_SQL`` does."""
+
+    sink_id: str
+    run_id: str
+    first_seen: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    run_timeout_s: float  # the runTimeout it registered with
+    batch_interval_s: float | None  # the longest of its last three gaps between decisions
+    timeout_s: float  # live while heard from within this: max(runTimeout, 3 x interval)
+    superseded_at: datetime | None
+    superseded_by: str | None  # a newer run's id, or 'operator' (sqlsink recover --force)
+    aborted_batch: int | None
+    live: bool
+
+    @property
+    def state(self) -> str:
+        """'fenced' (superseded), 'live', or 'dead' (timed out, or a batch aborted)."""
+        return "fenced" if self.superseded_at is not None else "live" if self.live else "dead"
+
+
+def runs(conn: Connection, sink_id: str | None) -> list[RunInfo]:
+    """Every run of the sink (of every sink for None), the most recently seen first."""
+    rows = conn.execute(
+        f"{RUNS_SQL} ORDER BY r.sink_id, r.first_seen DESC, r.run_id", {"sink": sink_id}
+    ).fetchall()
+    return [
+        RunInfo(
+            str(s), str(r), first, beat, float(age), float(run_timeout),
+            None if interval is None else float(interval), float(timeout), sup,
+            None if by is None else str(by), None if aborted is None else int(aborted), bool(live),
+        )
+        for s, r, first, beat, age, run_timeout, interval, timeout, sup, by, aborted, live in rows
+    ]  # fmt: skip
+
+
+def live_runs(conn: Connection, sink_id: str | None) -> dict[tuple[str, str], float]:
+    """(sink, run) -> heartbeat age in seconds, for the live runs (``RUNS_SQL``)."""
+    rows = conn.execute(
+        f"SELECT sink_id, run_id, age FROM ({RUNS_SQL}) AS runs WHERE live", {"sink": sink_id}
+    ).fetchall()
+    return {(str(s), str(r)): float(age) for s, r, age in rows}
+
+
+def fence_runs(conn: Connection, sink_id: str, run_ids: Collection[str]) -> list[str]:
+    """Declare runs dead (``sqlsink recover --force``): superseded by 'operator', durably,
+    so that they never decide, commit or resolve again (``register_run`` tells them so,
+    and their late tasks roll back). Returns the runs this call fenced; one already
+    superseded keeps its fencer."""
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = on")
+        # one at a time with register_run, which locks the same row
+        conn.execute("SELECT 1 FROM sqlsink.sinks WHERE sink_id = %s FOR UPDATE", (sink_id,))
+        rows = conn.execute(
+            "UPDATE sqlsink.runs SET superseded_at = clock_timestamp(), "
+            "superseded_by = 'operator' "
+            "WHERE sink_id = %s AND run_id = ANY(%s) AND superseded_at IS NULL "
+            "RETURNING run_id",
+            (sink_id, list(run_ids)),
+        ).fetchall()
+    return sorted(str(r[0]) for r in rows)

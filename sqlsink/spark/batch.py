@@ -1,0 +1,204 @@
+"""One batch of the foreachBatch writer: its DataFrames (parts) are prepared by Spark
+jobs as they are given (``spark/parts.py``); leaving the ``with`` block decides and
+commits them all with the ``Committer``, or aborts them all (docs/DESIGN.md 1.5)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from sqlsink.core.model import PartitionOutcome
+from sqlsink.errors import ConfigError
+from sqlsink.options import Mode, Semantic, SinkOptions
+
+if TYPE_CHECKING:
+    from sqlsink.spark.foreach_batch import ForeachBatchWriter, Identity
+
+log = logging.getLogger("sqlsink")
+
+
+class Batch:
+    """One batch of a ForeachBatchWriter: its parts are prepared by Spark jobs as they are
+    given; leaving the block decides and commits them all, or aborts them all."""
+
+    def __init__(self, writer: ForeachBatchWriter, batch_id: int) -> None:
+        self.writer = writer
+        self.batch_id = batch_id
+        self.identity: Identity | None = None
+        self.outcomes: list[PartitionOutcome | None] = []
+        self.first_options: SinkOptions | None = None
+        self.parts = 0
+        self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def append(self, df: Any, table: str) -> None:
+        """Insert the DataFrame's rows into ``table``."""
+        self.write(df, table, mode="append")
+
+    def upsert(
+        self,
+        df: Any,
+        table: str,
+        key: Sequence[str] | None = None,
+        delete_column: str | None = None,
+    ) -> None:
+        """Insert or replace by ``key`` (default: the table's primary key); rows whose
+        ``delete_column`` is true delete their key instead."""
+        self.write(df, table, mode="upsert", key=key, delete_column=delete_column)
+
+    def replace(self, df: Any, table: str) -> None:
+        """Replace every row of ``table`` by the DataFrame's (complete output mode): one
+        partition (the DataFrame is coalesced to one) deletes the table's rows and loads
+        its own in one transaction, committed with the batch's decision. Readers see the
+        old rows until then, the new ones after (one transaction: no half state); other
+        writers of the table wait on its rows from the delete until the commit."""
+        self.write(df, table, mode="replace")
+
+    def write(
+        self,
+        df: Any,
+        table: str,
+        *,
+        mode: str = "append",
+        key: Sequence[str] | None = None,
+        delete_column: str | None = None,
+    ) -> None:
+        """Prepare ``df`` into ``table`` as the next part of the batch (a Spark job)."""
+        from sqlsink.core.gid import MAX_PART
+
+        if self.parts > MAX_PART:
+            raise ConfigError(f"a batch holds at most {MAX_PART + 1} DataFrames")
+        writer = self.writer
+        if self.identity is None:
+            self.identity = writer.identity(df.sparkSession, self.batch_id)
+            self._check_writer()
+        options = writer.sink_options(
+            table,
+            mode=mode,
+            key=key,
+            delete_column=delete_column,
+            checkpoint=self.identity.checkpoint,
+        )
+        if self.first_options is None:
+            self.first_options = options
+        from sqlsink.spark.parts import (
+            by_key_ranges,
+            capped,
+            check_slots,
+            one_partition,
+            prepare_part,
+        )
+        from sqlsink.spark.plan import plan_write
+
+        target = plan_write(options, df.schema, options.sink_id or "")
+        if options.mode is Mode.REPLACE:
+            df = one_partition(df)
+        else:
+            df = capped(df, options)
+            if writer.range_partition and target.key:
+                df = by_key_ranges(df, target.key, options)
+        self.planned += check_slots(df, options, self.planned, self.batch_id)
+        part, self.parts = self.parts, self.parts + 1
+        written = prepare_part(df, options, target, self.identity, self.batch_id, part)
+        self.outcomes += written
+        self._check_key_ranges(written)
+
+    def _check_key_ranges(self, written: list[PartitionOutcome | None]) -> None:
+        """The interleaved-key trap, per DataFrame (with range_partition=False, or a
+        DataFrame the writer could not range by its key): said once per writer."""
+        from sqlsink.core.key_ranges import interleaved, trap_warning
+
+        found = None if self.writer.trap_warned else interleaved(written)
+        if found is not None:
+            log.warning(trap_warning(self.writer.sink_id, self.batch_id, *found))
+            self.writer.trap_warned = True
+
+    def _check_writer(self) -> None:
+        """Binding and forward-only checks before any job: a clear error, nothing written."""
+        from sqlsink.core.admission import check_binding, check_forward
+        from sqlsink.core.model import Binding
+        from sqlsink.spark.plan import CommitterSession
+
+        assert self.identity is not None
+        options = self.writer.sink_options("public.sqlsink_probe")
+        with CommitterSession(options, self.writer.sink_id) as committer:
+            backend, sink_id = committer.backend, self.writer.sink_id
+            from sqlsink.postgres.checks import require_prepared_transactions
+            from sqlsink.postgres.schema import ensure_schema
+
+            if options.semantic is Semantic.EXACTLY_ONCE:  # the first error, before any DDL
+                require_prepared_transactions(backend.conn)
+            ensure_schema(backend.conn)
+            highest = backend.highest_decided(sink_id)
+            check_binding(
+                sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
+            )
+            check_forward(sink_id, self.batch_id, highest)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.identity is None or self.first_options is None:
+            return  # nothing was given: nothing prepared, nothing to decide
+        if exc is None:
+            self._commit(self.first_options, self.identity)
+        else:
+            self._abort(self.first_options, self.identity)
+
+    def _commit(self, options: SinkOptions, identity: Identity) -> None:
+        from sqlsink.postgres.checks import check_server, log_findings
+        from sqlsink.spark.plan import CommitterSession
+
+        sink_id = self.writer.sink_id
+        checked = identity.checkpoint is not None
+        try:
+            with CommitterSession(options, sink_id, check_checkpoint=checked) as committer:
+                committer.commit_batch(
+                    self.batch_id,
+                    self.outcomes,
+                    query_id=identity.query_id,
+                    run_id=identity.run_id,
+                )
+                writes = [o.prepared_at - o.started_at for o in self.outcomes if o and o.gid]
+                findings = check_server(
+                    committer.backend.conn,
+                    partitions=len(self.outcomes),
+                    slowest_write_s=max(writes, default=None),
+                    exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
+                )
+                log_findings(findings, key=sink_id)
+        except BaseException:
+            self._abort(options, identity)
+            raise
+
+    def _abort(self, options: SinkOptions, identity: Identity) -> None:
+        from sqlsink.spark.plan import CommitterSession
+
+        try:
+            with CommitterSession(options, self.writer.sink_id) as committer:
+                committer.abort_batch(
+                    self.batch_id,
+                    self.outcomes,
+                    run_id=identity.run_id,
+                    query_id=identity.query_id,
+                )
+        except Exception as exc:  # the original error matters more; recovery resolves later
+            log.warning(
+                "sqlsink %s: batch %d: the abort failed too (%s); the next batch or "
+                "sqlsink recover resolves what it prepared",
+                self.writer.sink_id,
+                self.batch_id,
+                exc,
+            )
+        if not identity.from_spark:
+            # the run marked this batch aborted: a retry of it in this process must be a
+            # new run (Spark's own run ends with the failed query, so it never retries)
+            self.writer.process_run_id = uuid.uuid4().hex

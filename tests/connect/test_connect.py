@@ -1,0 +1,80 @@
+"""Spark Connect: a remote session against a local Connect server (conftest.py), the
+foreachBatch writer and format("sqlsink") run on the server, exactly once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.fix_pg import PgServer, prepared_transactions
+from tests.programs import run_program
+from tests.spark.streams import add_source_file, decided_batches, table_ids, write_source
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+
+def client(connect_url: str, mode: str, pg_url: str, table: str, work: Path) -> dict[str, str]:
+    args = [connect_url, mode, pg_url, table, str(work / "src"), str(work / "chk")]
+    run = run_program("-m", "tests.connect.client_program", *args, timeout=600)
+    report: dict[str, str] = json.loads(run.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.fixture
+def connect_table(pg_url: str) -> Iterator[str]:
+    name = f"cx_{uuid.uuid4().hex[:10]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def test_the_foreach_batch_writer_through_connect_writes_every_record_once(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    write_source(tmp_path / "src", [range(0, 40), range(40, 90), range(90, 100)])
+    report = client(connect_url, "foreach", pg_url, connect_table, tmp_path)
+    assert report["error"] is None
+    sink_id = "cx-" + connect_table.replace("_", "-")
+    assert table_ids(pg_url, connect_table) == list(range(100))
+    assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
+    with psycopg.connect(pg_url) as conn:
+        bound = conn.execute(
+            "SELECT query_id FROM sqlsink.sinks WHERE sink_id = %s", (sink_id,)
+        ).fetchall()
+    assert bound == [(report["query_id"],)]  # read from the checkpoint: the query's own id
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []
+    # a second run of the query (same checkpoint, new source file) replays nothing twice
+    add_source_file(tmp_path / "src", 3, range(100, 110))
+    report = client(connect_url, "foreach", pg_url, connect_table, tmp_path)
+    assert report["error"] is None
+    assert table_ids(pg_url, connect_table) == list(range(110))
+
+
+def test_the_bare_writer_through_connect_is_refused_with_the_fix(
+    connect_url: str, pg_url: str, connect_table: str, tmp_path: Path
+) -> None:
+    write_source(tmp_path / "src", [range(0, 10)])
+    report = client(connect_url, "foreach-bare", pg_url, connect_table, tmp_path)
+    assert report["error"] is not None
+    assert "no streaming query id" in report["error"]
+    assert "checkpoint_location=<the checkpointLocation of the query>" in report["error"]
+    with psycopg.connect(pg_url) as conn:
+        exists = conn.execute("SELECT to_regclass(%s)", (connect_table,)).fetchone()
+    assert exists == (None,)  # nothing written, not even the table
+
+
+def test_the_data_source_through_connect_writes_every_record_once(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    write_source(tmp_path / "src", [range(0, 40), range(40, 90), range(90, 100)])
+    report = client(connect_url, "source", pg_url, connect_table, tmp_path)
+    assert report["error"] is None
+    assert table_ids(pg_url, connect_table) == list(range(100))
+    assert decided_batches(pg_url, report["query_id"]) == {0: True, 1: True, 2: True}
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url)] == []
