@@ -13,8 +13,8 @@ created as the committer creates it). Then, in three states of the sink:
 - ``in flight, 2 hidden``: a batch of 3 partitions, 2 committed (1,000 rows each, hidden
   by the view) and 1 prepared, as a reader sees it between two COMMIT PREPAREDs or after
   a driver died mid-commit (for information);
-- ``in flight, 100 hidden``: the same with 100 committed partitions (the second branch
-  compares each row's xmin with every hidden partition's xid: linear in their number).
+- ``in flight, 100 hidden``: the same with 100 committed partitions (the filter compares
+  each row's xmin with every hidden partition's xid: linear in their number).
 
 each of these queries runs on the table and on the view, ``--runs`` rounds, every query
 once per round and the table and the view in alternating order (so that a change of load
@@ -27,9 +27,17 @@ hits both alike):
 - ``key lookup, prepared``: the same as a prepared statement (plan cached: what an
   application with a driver that prepares pays), mean per lookup.
 
-Client wall time, round trip included. Prints medians with p10-p90, min-max and the ratio
-view/table; writes every sample, the statistics and EXPLAIN (ANALYZE) of each query into
-the JSON, and a plot beside it. See the README's Benchmarks section.
+With nothing in flight, two more relations run in the same rounds, for reference (they
+are not consistent views): ``bare view`` (``SELECT <columns> FROM <table>``: what any
+view costs) and ``gate only`` (the table under ``WHERE NOT EXISTS (a marker of the
+sink)``: the cheapest check of the markers a query can make, one probe and a one-time
+filter; it hides nothing when a batch is in flight, so it is a floor, not a design).
+
+Client wall time, round trip included. Prints medians with p10-p90, min-max, the ratio
+of the medians view/table and the median (p10-p90) of the ratios of each round's pair;
+writes every sample, the statistics, the load average before and after each state and
+EXPLAIN (ANALYZE, BUFFERS) of each query into the JSON, and a plot beside it. See the
+README's Benchmarks section.
 """
 
 from __future__ import annotations
@@ -59,6 +67,9 @@ from sqlsink.postgres.schema import ensure_schema
 HERE = Path(__file__).resolve().parent
 TABLE = TableName("public", "view_cost_rows")
 VIEW = TableName("public", "view_cost_whole")
+BARE_VIEW = TableName("public", "view_cost_bare")  # reference: any view
+GATE_ONLY = TableName("public", "view_cost_gate")  # reference: the cheapest check (floor)
+REFERENCES = {"bare view": BARE_VIEW, "gate only": GATE_ONLY}
 SINK = "bench-view-cost"
 RUN = "bench-run"
 LOOKUPS = 200  # key lookups per sample
@@ -77,7 +88,8 @@ def say(message: str) -> None:
 
 def load(conn: Conn, rows: int) -> None:
     """The table, filled by COPY in chunks, vacuumed (visibility map: index-only scans)."""
-    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(VIEW.identifier()))
+    for view in (VIEW, *REFERENCES.values()):
+        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view.identifier()))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(TABLE.identifier()))
     conn.execute(TABLE_DDL.format(table=TABLE.identifier().as_string(conn)))
     chunk = 200_000
@@ -91,6 +103,17 @@ def load(conn: Conn, rows: int) -> None:
                 c.write_row(row)
     conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(TABLE.identifier()))
     conn.execute("CHECKPOINT")
+    conn.execute(
+        sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
+            BARE_VIEW.identifier(), TABLE.identifier()
+        )
+    )
+    conn.execute(
+        sql.SQL(
+            "CREATE VIEW {} AS SELECT * FROM {} "
+            "WHERE NOT EXISTS (SELECT FROM sqlsink.markers WHERE sink_id = {})"
+        ).format(GATE_ONLY.identifier(), TABLE.identifier(), sql.Literal(SINK))
+    )
 
 
 def forget(conn: Conn) -> None:
@@ -162,29 +185,52 @@ def one_sample(conn: Conn, query: str, relation: TableName, ids: list[int]) -> f
     return (time.perf_counter() - started) / len(ids)
 
 
-def measure(conn: Conn, runs: int, rows: int, rng: random.Random) -> dict[str, dict[str, Any]]:
-    """``runs`` rounds of every query on the table and on the view, interleaved."""
-    samples: dict[str, dict[str, list[float]]] = {q: {"table": [], "view": []} for q in QUERIES}
-    targets = {"table": TABLE, "view": VIEW}
+def measure(
+    conn: Conn, runs: int, rows: int, rng: random.Random, *, references: bool = False
+) -> dict[str, dict[str, Any]]:
+    """``runs`` rounds of every query on the table and on the view (and the reference
+    relations), interleaved: each round in the opposite order of the one before."""
+    targets = {"table": TABLE, "view": VIEW, **(REFERENCES if references else {})}
+    samples: dict[str, dict[str, list[float]]] = {q: {t: [] for t in targets} for q in QUERIES}
     for _ in range(2):  # caches and the prepared statements, not recorded
         for query in QUERIES:
             for relation in targets.values():
                 one_sample(conn, query, relation, [rng.randrange(rows) for _ in range(20)])
+    names = list(targets)
     for number in range(runs):
-        order = ("table", "view") if number % 2 == 0 else ("view", "table")
+        order = names if number % 2 == 0 else names[::-1]
         for query in QUERIES:
             ids = [rng.randrange(rows) for _ in range(LOOKUPS)]
             for target in order:
                 samples[query][target].append(one_sample(conn, query, targets[target], ids))
-    return {
-        query: {
+    out: dict[str, dict[str, Any]] = {}
+    for query, by_target in samples.items():
+        table = statistics.median(by_target["table"])
+        out[query] = {
             "table": summary(by_target["table"]),
             "view": summary(by_target["view"]),
-            "ratio_of_medians": statistics.median(by_target["view"])
-            / statistics.median(by_target["table"]),
+            "ratio_of_medians": statistics.median(by_target["view"]) / table,
+            "ratio_paired": paired(by_target["view"], by_target["table"]),
         }
-        for query, by_target in samples.items()
-    }
+        if references:
+            out[query]["references"] = {
+                name: {
+                    **summary(by_target[name]),
+                    "ratio_of_medians": statistics.median(by_target[name]) / table,
+                    "ratio_paired": paired(by_target[name], by_target["table"]),
+                }
+                for name in REFERENCES
+            }
+    return out
+
+
+def paired(view: list[float], table: list[float]) -> dict[str, float]:
+    """The ratio view/table of each round (the two ran back to back, under the same
+    load): median and p10-p90. Less disturbed by a change of load than the ratio of
+    the medians."""
+    ratios = sorted(v / t for v, t in zip(view, table, strict=True))
+    deciles = statistics.quantiles(ratios, n=10)
+    return {"median": statistics.median(ratios), "p10": deciles[0], "p90": deciles[-1]}
 
 
 def summary(seconds: list[float]) -> dict[str, Any]:
@@ -201,15 +247,17 @@ def summary(seconds: list[float]) -> dict[str, Any]:
     }
 
 
-def plans(conn: Conn) -> dict[str, list[str]]:
-    """EXPLAIN (ANALYZE) of count(*) and of one key lookup, on the table and the view."""
+def plans(conn: Conn, *, references: bool = False) -> dict[str, list[str]]:
+    """EXPLAIN (ANALYZE, BUFFERS) of count(*) and of one key lookup, on the table, the
+    view (and the reference relations)."""
     out = {}
-    for name, relation in (("table", TABLE), ("view", VIEW)):
+    relations = {"table": TABLE, "view": VIEW, **(REFERENCES if references else {})}
+    for name, relation in relations.items():
         for query, text in (
             ("count(*)", "SELECT count(*) FROM {}"),
             ("key lookup", "SELECT * FROM {} WHERE id = 4242"),
         ):
-            explain = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + text)
+            explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + text)
             rows = conn.execute(explain.format(relation.identifier())).fetchall()
             out[f"{query} on the {name}"] = [str(r[0]) for r in rows]
     return out
@@ -235,11 +283,22 @@ def check_counts(conn: Conn, hidden: int) -> dict[str, int]:
 def print_report(results: dict[str, Any]) -> None:
     print()
     print(f"{results['config']['rows']:,} rows, {results['config']['runs']} interleaved runs")
-    print(f"{'state':24} {'query':22} {'table ms (p10-p90)':>26} {'view ms (p10-p90)':>26} ratio")
+    head = f"{'state':24} {'query':22} {'table ms (p10-p90)':>26} {'view ms (p10-p90)':>26}"
+    print(f"{head} ratio  paired (p10-p90)")
     for state, measured in results["states"].items():
         for query, m in measured["queries"].items():
             t, v = m["table"], m["view"]
-            print(f"{state:24} {query:22} {fmt(t):>26} {fmt(v):>26} {m['ratio_of_medians']:5.2f}x")
+            row = f"{state:24} {query:22} {fmt(t):>26} {fmt(v):>26}"
+            print(f"{row} {m['ratio_of_medians']:5.2f}x {fmt_paired(m['ratio_paired'])}")
+            for name, r in m.get("references", {}).items():
+                row = f"{'':24} {'  ' + name + ' (reference)':22} {'':>26} {fmt(r):>26}"
+                print(f"{row} {r['ratio_of_medians']:5.2f}x {fmt_paired(r['ratio_paired'])}")
+        load = measured["load_average_before"][0], measured["load_average_after"][0]
+        print(f"{'':24} load average {load[0]:.1f} before, {load[1]:.1f} after")
+
+
+def fmt_paired(p: dict[str, float]) -> str:
+    return f"{p['median']:.2f}x ({p['p10']:.2f}-{p['p90']:.2f})"
 
 
 def fmt(s: dict[str, Any]) -> str:
@@ -306,14 +365,20 @@ def run(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
             say(f"{state} ...")
             hidden = set_state(url, state, args.rows)
             # never prepared on its own: each query says (prepare=None would forbid it)
+            references = state == "nothing in flight"
             with psycopg.connect(url, autocommit=True, prepare_threshold=2**31) as conn:
                 counts = check_counts(conn, hidden)
-                measured = measure(conn, args.runs, args.rows, rng)
+                load_before = list(os.getloadavg())
+                started = time.perf_counter()
+                measured = measure(conn, args.runs, args.rows, rng, references=references)
                 results["states"][state] = {
                     "hidden_rows": hidden,
                     **counts,
+                    "load_average_before": load_before,
+                    "load_average_after": list(os.getloadavg()),
+                    "seconds": time.perf_counter() - started,
                     "queries": measured,
-                    "plans": plans(conn),
+                    "plans": plans(conn, references=references),
                 }
             with psycopg.connect(url, autocommit=True) as conn:
                 forget(conn)  # the next state starts from nothing in flight, vacuumed
@@ -326,7 +391,8 @@ def run(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             forget(conn)
             if args.url:  # an existing server: leave nothing behind
-                conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(VIEW.identifier()))
+                for view in (VIEW, *REFERENCES.values()):
+                    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view.identifier()))
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(TABLE.identifier()))
 
 

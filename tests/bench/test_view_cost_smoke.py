@@ -32,5 +32,10 @@ def test_view_cost_benchmark_runs_every_state_and_query(tmp_path: Path) -> None:
         for query in state["queries"].values():
             assert query["table"]["runs"] == query["view"]["runs"] == 3
             assert query["ratio_of_medians"] > 0
-        assert any("One-Time Filter" in line for line in state["plans"]["count(*) on the view"])
+        view_plan = state["plans"]["count(*) on the view"]
+        assert any("Filter: ((NOT $0) OR (xmin <> ALL ($1)))" in line for line in view_plan)
+        assert not any("Append" in line for line in view_plan)
+    references = results["states"]["nothing in flight"]["queries"]["count(*)"]["references"]
+    assert set(references) == {"bare view", "gate only"}
+    assert all(r["runs"] == 3 for r in references.values())
     assert out.with_suffix(".png").stat().st_size > 10_000

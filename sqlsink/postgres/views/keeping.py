@@ -1,47 +1,10 @@
-"""The consistent view (option ``consistentView``; docs/DESIGN.md invariant 13).
-
-Readers of the bare table may see a batch committed in part: the driver commits its
-partitions one ``COMMIT PREPARED`` after the other, and a driver that dies in that
-loop leaves it so until the next run or ``sqlsink recover``. The view shows whole
-batches only. Every partition transaction inserts its marker row in the same
-transaction as its rows, and the marker records that transaction's id (``xid``,
-schema version 5), which is also the ``xmin`` of every row it inserted. A batch's
-markers are deleted in one statement once every partition is committed
-(``commit_log.mark_complete``). So, in any one snapshot: a committed partition of an
-incomplete batch has a visible marker; a complete batch has none; a prepared one is
-invisible anyway. The view hides the rows whose ``xmin`` is the ``xid`` of a visible
-marker of its sink::
-
-    SELECT <columns> FROM (
-        SELECT <columns>, true AS "sqlsink: nothing in flight", NULL::xid AS "sqlsink: row xid"
-        FROM <table>
-        UNION ALL
-        SELECT <columns>, false, xmin FROM <table>
-    ) AS sqlsink_rows
-    WHERE "sqlsink: nothing in flight" = NOT EXISTS (<a visible marker of the sink>)
-      AND ("sqlsink: nothing in flight"
-           OR "sqlsink: row xid" <> ALL (ARRAY(<the xids of the sink's visible markers>)))
-
-The planner folds the flag into each branch: the first becomes the bare table's own
-plan under a one-time filter (an InitPlan: one probe of ``sqlsink.markers`` per
-query), the second the table filtered by the xids, under the opposite filter; only
-one of them runs. The branches carry no WHERE of their own, so PostgreSQL flattens
-the UNION ALL (no Subquery Scan per row) and can aggregate it in parallel; quals
-such as a primary-key lookup are pushed into both. Measured in
-``benchmarks/view_cost.py``.
-
-The view is the sink's: its comment names the sink and the table (``comment_text``).
-The committer creates it when missing and replaces it when its columns are out of
-date, under the sink lock before each decision (``ConsistentView.keep``); any other
-object of that name is refused. Readers need SELECT on the view only: a view reads
-its tables with its owner's rights.
-"""
+"""Keeping the view right: what is there, what the sink refuses, create or replace (the
+committer, under the sink lock, before each decision), and the check at planning."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -51,19 +14,19 @@ from sqlsink.errors import ConfigError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.schema import installed_version
+from sqlsink.postgres.views.definition import (
+    FORMAT,
+    SCHEMA_VERSION,
+    ViewMark,
+    comment_text,
+    definition,
+    parse_comment,
+    quoted,
+)
 
 log = logging.getLogger("sqlsink")
 
-FORMAT = 1  # of the definition: a view of an older format is replaced
-SCHEMA_VERSION = 5  # the commit log's version whose markers record their xid
-FLAG = "sqlsink: nothing in flight"
-ROW_XID = "sqlsink: row xid"
 REPLACE_LOCK_TIMEOUT_S = 2.0  # readers of the view hold it: a replacement waits this long
-_COMMENT = re.compile(
-    r"^sqlsink consistent view \(format (?P<format>\d+)\) of sink (?P<sink>[A-Za-z0-9-]+) "
-    r'over table (?P<table>"(?:[^"]|"")*"\."(?:[^"]|"")*")'
-)
 _KINDS = {
     "r": "table",
     "p": "partitioned table",
@@ -76,61 +39,6 @@ _KINDS = {
     "c": "composite type",
     "t": "TOAST table",
 }
-
-
-def quoted(table: TableName) -> str:
-    """``"schema"."name"``: how the comment names the table."""
-    return ".".join('"' + part.replace('"', '""') + '"' for part in (table.schema, table.name))
-
-
-def comment_text(sink_id: str, table: TableName) -> str:
-    """The comment that makes a view the sink's (``parse_comment`` reads it back)."""
-    return (
-        f"sqlsink consistent view (format {FORMAT}) of sink {sink_id} over table "
-        f"{quoted(table)}: the table's rows of complete batches only (option "
-        "consistentView). Created and replaced by the sink; do not edit it"
-    )
-
-
-@dataclass(frozen=True)
-class ViewMark:
-    """What a sqlsink view's comment says."""
-
-    format: int
-    sink_id: str
-    table: str  # quoted, as ``quoted``
-
-
-def parse_comment(text: str | None) -> ViewMark | None:
-    match = _COMMENT.match(text or "")
-    if match is None:
-        return None
-    return ViewMark(int(match["format"]), match["sink"], match["table"])
-
-
-def definition(
-    view: TableName, table: TableName, columns: Sequence[str], sink_id: str, *, replace: bool
-) -> sql.Composed:
-    """The view's statement (module docstring); every name quoted, the sink a literal."""
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-    return sql.SQL(
-        "CREATE {or_replace}VIEW {view} AS SELECT {cols} FROM ("
-        "SELECT {cols}, true AS {flag}, NULL::xid AS {row_xid} FROM {table} "
-        "UNION ALL "
-        "SELECT {cols}, false, xmin FROM {table}"
-        ") AS sqlsink_rows "
-        "WHERE {flag} = NOT EXISTS (SELECT FROM sqlsink.markers WHERE sink_id = {sink}) "
-        "AND ({flag} OR {row_xid} <> ALL (ARRAY("
-        "SELECT xid FROM sqlsink.markers WHERE sink_id = {sink} AND xid IS NOT NULL)))"
-    ).format(
-        or_replace=sql.SQL("OR REPLACE " if replace else ""),
-        view=view.identifier(),
-        cols=cols,
-        flag=sql.Identifier(FLAG),
-        row_xid=sql.Identifier(ROW_XID),
-        table=table.identifier(),
-        sink=sql.Literal(sink_id),
-    )
 
 
 # -- what is there -------------------------------------------------------------------------
@@ -230,8 +138,6 @@ def refusal(state: State, view: TableName, table: TableName, sink_id: str | None
             )
     if not state.table_columns:
         return f"{option}: the table {table} does not exist"
-    if {FLAG, ROW_XID} & set(state.table_columns):
-        return f"{option}: the table {table} has a column named {FLAG!r} or {ROW_XID!r}"
     if not state.may_delete_markers:
         return (
             f"{option}: role {state.role} may not DELETE FROM sqlsink.markers, so the "
@@ -304,7 +210,11 @@ def _replace(
             conn.execute(definition(view, table, state.table_columns, sink_id, replace=True))
             _comment(conn, view, sink_id, table)
     except psycopg.errors.LockNotAvailable:
-        why = f"readers held it for {REPLACE_LOCK_TIMEOUT_S:g} s; tried again at the next batch"
+        why = (
+            f"{lock_holders(conn, view)} held it for {REPLACE_LOCK_TIMEOUT_S:g} s (a view's "
+            "readers keep it until their transaction ends; SELECT pg_terminate_backend(pid) "
+            "ends one); tried again at the next batch"
+        )
     except psycopg.Error as exc:  # a renamed column, another owner: only a person can fix it
         why = (
             f"{exc.diag.message_primary}; to get the new columns, DROP VIEW {view} (the sink "
@@ -312,20 +222,61 @@ def _replace(
         )
     else:
         log.info(
-            "sqlsink %s: replaced the consistent view %s (columns of %s)", sink_id, view, table
+            "sqlsink %s: replaced the consistent view %s (format %s, columns of %s)",
+            sink_id,
+            view,
+            FORMAT,
+            table,
         )
         return "replaced"
     log.warning(
-        "sqlsink %s: the consistent view %s has columns %s, the table %s has %s, and it "
-        "could not be replaced (%s). It still shows whole batches only",
+        "sqlsink %s: the consistent view %s (format %s, columns %s) is out of date (format "
+        "%s, the table %s has columns %s) and could not be replaced (%s). It still shows "
+        "whole batches only",
         sink_id,
         view,
+        state.mark.format if state.mark else "?",
         ", ".join(state.view_columns),
+        FORMAT,
         table,
         ", ".join(state.table_columns),
         why,
     )
     return "stale"
+
+
+_HOLDERS = """
+SELECT l.pid, a.usename::text, a.application_name, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.relation = to_regclass(%s)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.pid IS DISTINCT FROM pg_backend_pid()
+ORDER BY a.xact_start NULLS FIRST, l.pid LIMIT 5
+"""
+
+
+def lock_holders(conn: Connection, view: TableName) -> str:
+    """Who holds a lock on the view now, for a message: "session 123 (role alice,
+    application 'psql', idle in transaction, its transaction open for 42 s)"."""
+    try:
+        rows = conn.execute(_HOLDERS, (view.identifier().as_string(conn),)).fetchall()
+    except psycopg.Error as exc:  # the message must still be given
+        return f"its readers (not listed: {exc.diag.message_primary})"
+    named = []
+    for pid, role, app, state, age in rows:
+        if pid is None:
+            named.append("a prepared transaction (see pg_prepared_xacts)")
+            continue
+        facts = [f"role {role}" if role else "role not visible to this one"]
+        if app:
+            facts.append(f"application {app!r}")
+        if state:
+            facts.append(state + (f", its transaction open for {age:.0f} s" if age else ""))
+        named.append(f"session {pid} ({', '.join(facts)})")
+    if not named:
+        return "readers (gone since)"
+    return "; ".join(named)
 
 
 def _comment(conn: Connection, view: TableName, sink_id: str, table: TableName) -> None:
@@ -376,69 +327,3 @@ def check_before_writing(
     problem = refusal(state, view, table, sink_id)
     if problem is not None:
         raise ConfigError(problem, view=str(view))
-
-
-# -- what status and check show -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ViewInfo:
-    """A consistent view of some sink in this database, found by its comment."""
-
-    view: TableName
-    sink_id: str
-    table: str  # quoted
-    owner: str
-    format: int
-
-
-def find_views(conn: Connection, sink_id: str | None = None) -> list[ViewInfo]:
-    """Every sqlsink view of the database (of one sink), ordered by name."""
-    rows = conn.execute(
-        "SELECT n.nspname::text, c.relname::text, pg_get_userbyid(c.relowner)::text, "
-        "       obj_description(c.oid, 'pg_class') "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind = 'v' AND obj_description(c.oid, 'pg_class') "
-        "      LIKE 'sqlsink consistent view (format %%' "
-        "ORDER BY 1, 2"
-    ).fetchall()
-    found = []
-    for schema, name, owner, comment in rows:
-        mark = parse_comment(comment)
-        if mark is not None and (sink_id is None or mark.sink_id == sink_id):
-            found.append(
-                ViewInfo(TableName(schema, name), mark.sink_id, mark.table, owner, mark.format)
-            )
-    return found
-
-
-@dataclass(frozen=True)
-class HiddenBatch:
-    """A batch with committed partitions that the sink's consistent views hide now."""
-
-    batch_id: int
-    partitions: int  # committed partitions hidden (their markers are visible)
-    rows: int
-    of_partitions: int | None  # the partitions its decision names (None: no decision)
-    complete: bool  # decided complete (or its decision is gone), its markers kept
-
-
-def hidden_batches(conn: Connection, sink_id: str) -> list[HiddenBatch]:
-    """What a consistent view of the sink hides right now (what a reader of the bare
-    table sees as part of a batch): committed partitions of batches whose markers are
-    still there. Markers written before schema version 5 hide nothing."""
-    if installed_version(conn) < SCHEMA_VERSION:
-        return []
-    rows = conn.execute(
-        "SELECT m.batch_id, count(*), coalesce(sum(m.rows), 0), cardinality(d.gids), "
-        "       d.batch_id IS NULL OR d.completed_at IS NOT NULL "
-        "FROM sqlsink.markers m LEFT JOIN sqlsink.decisions d "
-        "  ON d.sink_id = m.sink_id AND d.batch_id = m.batch_id "
-        "WHERE m.sink_id = %s AND m.xid IS NOT NULL "
-        "GROUP BY m.batch_id, d.batch_id, d.gids, d.completed_at ORDER BY m.batch_id",
-        (sink_id,),
-    ).fetchall()
-    return [
-        HiddenBatch(int(b), int(n), int(r), None if of is None else int(of), bool(done))
-        for b, n, r, of, done in rows
-    ]
