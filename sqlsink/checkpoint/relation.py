@@ -147,11 +147,16 @@ def _in_offsets(seen: _Seen) -> Relation:
     """A batch with offsets that Spark has not committed."""
     batch, last_offsets, undecided_prepared = seen.batch, seen.last_offsets, seen.undecided_prepared
     if seen.decision is not None:
+        where = (
+            "is committed in PostgreSQL but"
+            if seen.decision.complete
+            else "is decided in PostgreSQL, its commit not finished, and"
+        )
         return (
             "replay_skip",
             "info",
-            f"batch {batch} is committed in PostgreSQL but not in Spark's commit log; Spark "
-            f"will replay it and the sink will skip it{seen.rest}",
+            f"batch {batch} {where} not in Spark's commit log; Spark will replay it and the "
+            f"sink will skip it{seen.rest}",
         )
     extra = (
         f"; its {undecided_prepared} prepared transaction(s) are rolled back by recovery"

@@ -225,6 +225,9 @@ class PreparedJson(TypedDict):
 class StatusSinkJson(TypedDict):
     sink_id: str
     bound_query_id: str | None
+    # the tables of its newest decision that names them (schema 8 on; [] before): what
+    # the sink writes, one table or several (the foreachBatch writer)
+    tables: list[str]
     bound_at: datetime | None
     decisions: int
     last_decided_batch: int | None

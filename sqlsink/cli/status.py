@@ -103,6 +103,7 @@ class StatusScan:
         doc: StatusSinkJson = {
             "sink_id": sink_id,
             "bound_query_id": row.query_id if row else None,
+            "tables": pg_decisions.sink_tables(self.conn, sink_id),
             "bound_at": row.bound_at if row else None,
             "decisions": summary.decisions,
             "last_decided_batch": summary.last_decided,

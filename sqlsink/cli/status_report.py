@@ -25,7 +25,16 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         out.line("no sinks in this database")
         return
     out.line()
-    head = ["SINK", "QUERY", "LAST_DECIDED", "LAST_COMPLETE", "INCOMPLETE", "PREPARED", "OLDEST"]
+    head = [
+        "SINK",
+        "TABLES",
+        "QUERY",
+        "LAST_DECIDED",
+        "LAST_COMPLETE",
+        "INCOMPLETE",
+        "PREPARED",
+        "OLDEST",
+    ]
     rows = []
     for sink in sinks:
         d = sink.doc
@@ -33,6 +42,7 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         rows.append(
             [
                 d["sink_id"],
+                ", ".join(d["tables"]) or None,
                 d["bound_query_id"],
                 d["last_decided_batch"],
                 d["last_complete_batch"],
@@ -46,7 +56,7 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
                 ),
             ]
         )
-    for text in table([*head, "STATE"], rows, right={2, 3, 4, 5, 6}):
+    for text in table([*head, "STATE"], rows, right={3, 4, 5, 6, 7}):
         out.line(text)
     for sink in sinks:
         d = sink.doc
@@ -66,6 +76,8 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
     out.line()
     bound = doc["bound_query_id"]
     out.line(f"sink {doc['sink_id']}  ({f'query {bound}' if bound else 'not bound to a query'})")
+    if doc["tables"]:
+        out.line(f"  writes: {', '.join(doc['tables'])}")
     if sink.live:
         out.line(f"  live: {'; '.join(sink.live)}")
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -103,6 +103,7 @@ class TwoPhaseBackend(Protocol):
         *,
         partitions: int | None = None,
         first_write_at: float | None = None,
+        tables: Sequence[str] = (),
     ) -> bool:
         """Write the decision (durably) unless one exists; True if this call wrote it."""
         ...

@@ -62,6 +62,7 @@ class Committer:
         keep_batches: int = DEFAULT_KEEP_BATCHES,
         checkpoint_check: CheckpointCheck | None = None,
         view: ViewKeeper | None = None,
+        tables: Sequence[str] = (),
     ) -> None:
         self.backend = backend
         self.sink_id = sink_id
@@ -73,6 +74,7 @@ class Committer:
         self.checkpoint_check = checkpoint_check
         # the consistent view (invariant 13): made right before a batch can become visible
         self.view = view
+        self.tables = tuple(tables)  # what a decision records the batch wrote (status names them)
         self.resolver = Resolver(backend, sink_id, self.timeouts, clock)
 
     def register(
@@ -234,6 +236,7 @@ class Committer:
             run_id,
             partitions=len(written),
             first_write_at=min((o.started_at for o in written), default=None),
+            tables=self.tables,
         )
 
     def _decidable(

@@ -4,7 +4,7 @@ the sink lock and the server's prepared transactions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 
 import psycopg
@@ -156,6 +156,7 @@ class PostgresBackend:
         *,
         partitions: int | None = None,
         first_write_at: float | None = None,
+        tables: Sequence[str] = (),
     ) -> bool:
         with self.standby.bounded(f"the decision of batch {batch_id}", batch=batch_id):
             return commit_log.insert_decision(
@@ -168,6 +169,7 @@ class PostgresBackend:
                 run_id,
                 partitions=partitions,
                 first_write_at=first_write_at,
+                tables=tables,
             )
 
     def commit_prepared(self, gid: str) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 import psycopg
 
@@ -177,8 +177,10 @@ def insert_decision(
     *,
     partitions: int | None = None,
     first_write_at: float | None = None,
+    tables: Sequence[str] = (),
 ) -> bool:
-    """Write the decision durably unless one exists; True if this call wrote it."""
+    """Write the decision durably unless one exists; True if this call wrote it.
+    ``tables``: the tables the batch wrote, as schema.name (schema version 8)."""
     with conn.transaction():
         # the decision must be durable before anything is committed
         conn.execute("SET LOCAL synchronous_commit = on")
@@ -199,9 +201,9 @@ def insert_decision(
         )
         cur = conn.execute(
             "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
-            "partitions, first_write_at, completed_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-            "to_timestamp(%s), "
-            "CASE WHEN cardinality(%s::text[]) = 0 THEN clock_timestamp() END) "
+            "partitions, first_write_at, completed_at, tables) VALUES (%s, %s, %s, %s, %s, %s, "
+            "%s, to_timestamp(%s), "
+            "CASE WHEN cardinality(%s::text[]) = 0 THEN clock_timestamp() END, %s) "
             "ON CONFLICT (sink_id, batch_id) DO NOTHING",
             (
                 sink_id,
@@ -213,6 +215,7 @@ def insert_decision(
                 partitions,
                 first_write_at,
                 list(gids),
+                list(tables) or None,
             ),
         )
         crash_point("in_decision", batch_id)  # inside the transaction (tests pause here)

@@ -31,6 +31,7 @@ class Batch:
         self.outcomes: list[PartitionOutcome | None] = []
         self.first_options: SinkOptions | None = None
         self.parts = 0
+        self.tables: list[str] = []  # the batch's tables, in the order first given
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
 
     def __enter__(self) -> Batch:
@@ -86,6 +87,8 @@ class Batch:
         )
         if self.first_options is None:
             self.first_options = options
+        if str(options.table) not in self.tables:
+            self.tables.append(str(options.table))
         from sqlsink.spark.parts import (
             by_key_ranges,
             capped,
@@ -160,7 +163,10 @@ class Batch:
         sink_id = self.writer.sink_id
         checked = identity.checkpoint is not None
         try:
-            with CommitterSession(options, sink_id, check_checkpoint=checked) as committer:
+            session = CommitterSession(
+                options, sink_id, check_checkpoint=checked, tables=self.tables
+            )
+            with session as committer:
                 committer.commit_batch(
                     self.batch_id,
                     self.outcomes,

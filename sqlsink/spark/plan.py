@@ -5,6 +5,7 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql.types import StructType
@@ -51,11 +52,18 @@ class CommitterSession:
     """A connection and a Committer for one commit()/abort() call."""
 
     def __init__(
-        self, options: SinkOptions, sink_id: str, *, check_checkpoint: bool = False
+        self,
+        options: SinkOptions,
+        sink_id: str,
+        *,
+        check_checkpoint: bool = False,
+        tables: Sequence[str] | None = None,
     ) -> None:
         self.options = options
         self.sink_id = sink_id
         self.check_checkpoint = check_checkpoint  # a stream's commit: its checkpoint vs the log
+        # the tables a decision records (default: the option table)
+        self.tables = [str(options.table)] if tables is None else list(tables)
 
     def __enter__(self) -> Any:
         from sqlsink.checkpoint.parse import checkpoint_policy
@@ -85,6 +93,7 @@ class CommitterSession:
             keep_batches=self.options.keep_batches,
             checkpoint_check=check,
             view=None if view is None else ConsistentView(backend, view, self.options.table),
+            tables=self.tables,
         )
 
     def __exit__(self, *exc: object) -> None:

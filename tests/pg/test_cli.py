@@ -415,6 +415,25 @@ def test_force_is_refused_without_the_runs_it_declares_dead(db: Db) -> None:
 # -- status -------------------------------------------------------------------------------
 
 
+def test_status_names_the_tables_a_sink_writes(db: Db) -> None:
+    """Issue 15: a sink was known only by its query id. Each decision records the tables
+    its batch wrote (schema 8); status shows the newest decision's, [] for a sink whose
+    decisions predate it."""
+    with db.connect() as conn:
+        backend = PostgresBackend(conn)
+        assert backend.insert_decision("old", 0, [], 0, "q-old", RUN)  # no tables recorded
+        assert backend.insert_decision("two", 0, [], 0, "q-two", RUN, tables=["public.t"])
+        tables = ["public.orders", "sales.order_lines"]
+        assert backend.insert_decision("two", 1, [], 0, "q-two", RUN, tables=tables)
+    doc = sqlsink("status", "--url", db.url, "--json").json
+    by_sink = {s["sink_id"]: s for s in doc["sinks"]}
+    assert by_sink["old"]["tables"] == []
+    assert by_sink["two"]["tables"] == ["public.orders", "sales.order_lines"]
+    human = sqlsink("status", "--url", db.url, "--sink-id", "two", "--batches", "1")
+    assert "public.orders, sales.order_lines" in human.out
+    assert "TABLES" in human.out
+
+
 def test_status_reports_batches_prepared_transactions_and_old_ones(db: Db, other_db: Db) -> None:
     with db.connect() as conn:  # the run of the gids below is live: nothing is stranded
         run_registry.register_run(conn, "a", RUN, 300.0, holds_lock=False)

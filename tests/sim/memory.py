@@ -23,7 +23,7 @@ yields, and a wait that cannot be granted moves the clock to its deadline.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -690,6 +690,7 @@ class MemoryBackend:
         *,
         partitions: int | None = None,
         first_write_at: float | None = None,
+        tables: Sequence[str] = (),
     ) -> bool:
         self._call(f"insert decision {sink_id} batch {batch_id} {sorted(gids)}")
         log, now = self._log, self._now()

@@ -138,3 +138,9 @@ def restarted(tables: TwoTables) -> None:
     assert table_ids(tables.url, tables.lines) == list(range(100))
     assert tables.sink_prepared() == []
     assert decided_batches(tables.url, tables.sink_id) == {0: True, 1: True, 2: True}
+    with psycopg.connect(tables.url) as conn:  # each decision names both tables (status)
+        named = conn.execute(
+            "SELECT DISTINCT tables FROM sqlsink.decisions WHERE sink_id = %s",
+            (tables.sink_id,),
+        ).fetchall()
+    assert named == [([f"public.{tables.orders}", f"public.{tables.lines}"],)]

@@ -143,6 +143,11 @@ def test_relate_says_what_happens_to_each_batch() -> None:
     by_batch = {r.batch_id: r for r in relations}
     assert by_batch[14].decision == "incomplete" and by_batch[14].rows == 1
     assert "2 of its 2 transaction(s) are still prepared" in by_batch[14].message
+    # decided but not yet committed in full: "decided", never "committed in PostgreSQL"
+    assert by_batch[14].message.startswith(
+        "batch 14 is decided in PostgreSQL, its commit not finished, and not in Spark's "
+        "commit log; Spark will replay it and the sink will skip it"
+    )
     assert "its 2 prepared transaction(s) are rolled back" in by_batch[15].message
     assert "(not the last batch: unusual)" in by_batch[15].message
     assert by_batch[16].decision == "none" and by_batch[16].rows is None

@@ -90,6 +90,18 @@ def sinks(conn: Connection) -> dict[str, SinkRow]:
     return {str(s): SinkRow(str(s), None if q is None else str(q), c, b) for s, q, c, b in rows}
 
 
+def sink_tables(conn: Connection, sink_id: str) -> list[str]:
+    """The tables the sink's newest decision that names any wrote (schema 8 on)."""
+    if installed_version(conn) < 8:
+        return []
+    row = conn.execute(
+        "SELECT tables FROM sqlsink.decisions WHERE sink_id = %s AND tables IS NOT NULL "
+        "ORDER BY batch_id DESC LIMIT 1",
+        (sink_id,),
+    ).fetchone()
+    return [] if row is None else [str(t) for t in row[0]]
+
+
 def batch_summary(conn: Connection, sink_id: str) -> BatchSummary:
     row = conn.execute(
         "SELECT count(*), min(batch_id), max(batch_id), "
