@@ -26,12 +26,11 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_id_of_checkpoint,
 )
+from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
     all_actions,
     foreign_warnings,
-    print_recover,
-    print_result,
     recover_exit_code,
     sink_json,
     sink_warnings,

@@ -14,18 +14,14 @@ from datetime import datetime
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import (
     CheckpointCheckJson,
-    ConsistentViewJson,
     Envelope,
     HiddenBatchJson,
-    OtherPreparedJson,
     PreparedJson,
-    RecentBatchJson,
     StatusDocument,
     StatusSinkJson,
 )
 from sqlsink.cli.loss import LOSS_FIX, confirmed_losses, loss_json, loss_message, print_losses
 from sqlsink.cli.output import (
-    CliError,
     Notice,
     Output,
     exit_code,
@@ -43,6 +39,14 @@ from sqlsink.cli.runs import (
     shown_runs,
     stranded_reason,
 )
+from sqlsink.cli.status_json import (
+    old_others_warning,
+    others_json,
+    recent_json,
+    sink_names,
+    sort_prepared,
+    view_json,
+)
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
@@ -55,9 +59,6 @@ from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import decisions as pg_decisions
 from sqlsink.postgres.survey import prepared as pg_prepared
 from sqlsink.postgres.survey import sessions as pg_sessions
-
-Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
-Others = list[tuple[PreparedTransaction, str]]  # with the reason it is not ours
 
 
 @dataclass
@@ -109,7 +110,7 @@ class StatusScan:
             "last_decided_batch": summary.last_decided,
             "last_complete_batch": summary.last_complete,
             "incomplete_batches": [d.batch_id for d in incomplete],
-            "recent_batches": [_recent_json(d) for d in recent],
+            "recent_batches": [recent_json(d) for d in recent],
             "prepared": prepared_docs,
             "live": bool(live_runs),
             "sessions": [session_json(s) for s in live_sessions],
@@ -118,7 +119,7 @@ class StatusScan:
                 run_json(r, counts.get(r.run_id, 0)) for r in shown_runs(runs, counts, NEWEST_SHOWN)
             ],
             "checkpoint_check": check,
-            "consistent_views": [_view_json(v) for v in views],
+            "consistent_views": [view_json(v) for v in views],
             "hidden_batches": hidden,
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
@@ -326,98 +327,6 @@ class StatusScan:
         self.warnings.append(Notice("warning", message, fix, sink_id))
 
 
-def _view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
-    return {"view": str(v.view), "table": v.table, "owner": v.owner}
-
-
-def _recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
-    return {
-        "batch_id": d.batch_id,
-        "rows": d.rows,
-        "gids": len(d.gids),
-        "decided_at": d.decided_at,
-        "completed_at": d.completed_at,
-        "query_id": d.query_id,
-        "run_id": d.run_id,
-        "rows_per_second": d.rows_per_second(),
-        "lag_seconds": d.lag_seconds(),
-        "commit_ms": d.commit_ms,
-        "orphans": d.orphans,
-    }
-
-
-def _sort_prepared(
-    prepared: list[PreparedTransaction], database: str, sink_id: str | None
-) -> tuple[Ours, Others]:
-    """Ours: sqlsink gids of this database (of --sink-id, if given); the others, why not."""
-    ours: Ours = {}
-    others: Others = []
-    for txn in prepared:
-        gid = Gid.parse(txn.gid)
-        if gid is None:
-            others.append((txn, "not a sqlsink transaction"))
-        elif txn.database != database:
-            others.append((txn, f"sink {gid.sink_id}, in database {txn.database}"))
-        elif sink_id is not None and gid.sink_id != sink_id:
-            others.append((txn, f"belongs to sink {gid.sink_id}"))
-        else:
-            ours.setdefault(gid.sink_id, []).append((txn, gid))
-    return ours, others
-
-
-def _sink_names(
-    rows: dict[str, pg_decisions.SinkRow],
-    ours: Ours,
-    incomplete: list[pg_decisions.DecisionRow],
-    sink_id: str | None,
-    database: str,
-) -> set[str]:
-    """The sinks to show: every one the database knows of, or --sink-id, which must exist."""
-    names = set(rows) | set(ours) | {d.sink_id for d in incomplete}
-    if sink_id is None:
-        return names
-    if sink_id not in names:
-        listed = ", ".join(sorted(rows)[:20]) or "none"
-        raise CliError(
-            f"unknown sink {sink_id} in database {database} (known sinks: {listed})",
-            "check --sink-id (the sinkId option, else the query id) and the database in --url",
-        )
-    return {sink_id}
-
-
-def _others_json(others: Others, now: datetime) -> list[OtherPreparedJson]:
-    return [
-        {
-            "gid": txn.gid,
-            "database": txn.database,
-            "owner": txn.owner,
-            "prepared_at": txn.prepared_at,
-            "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
-            "reason": reason,
-        }
-        for txn, reason in others
-    ]
-
-
-def _old_others_warning(
-    others: list[OtherPreparedJson], max_age: float, database: str
-) -> Notice | None:
-    """Another application's old prepared transaction in this database."""
-    old = [o for o in others if o["age_seconds"] > max_age and o["database"] == database]
-    if not old:
-        return None
-    oldest = max(old, key=lambda o: o["age_seconds"])
-    return Notice(
-        "warning",
-        f"{len(old)} prepared transaction(s) in this database that are not a "
-        f"sink's are older than {format_age(max_age)} (oldest {oldest['gid']!r}, "
-        f"{format_age(oldest['age_seconds'])}, role {oldest['owner']}): a prepared "
-        "transaction holds its locks and blocks VACUUM until finished",
-        "not sqlsink's to resolve: find the application that prepared it; as a last "
-        "resort ROLLBACK PREPARED '<gid>' (as its owner or a superuser)",
-    )
-
-
 # -- the command --------------------------------------------------------------------------
 
 
@@ -442,16 +351,16 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
         rows = pg_decisions.sinks(conn)
         prepared = pg_prepared.all_prepared(conn)
         incomplete = pg_decisions.incomplete_decisions(conn, args.sink_id)
-        ours, others = _sort_prepared(prepared, me.database, args.sink_id)
-        names = _sink_names(rows, ours, incomplete, args.sink_id, me.database)
+        ours, others = sort_prepared(prepared, me.database, args.sink_id)
+        names = sink_names(rows, ours, incomplete, args.sink_id, me.database)
         sessions = pg_sessions.sqlsink_sessions(conn)
         scan = StatusScan(conn, backend, out, now, args.max_age, args.batches, sessions)
         scan.views = pg_views.find_views(conn)
         header(out, "status", me, f", server time {format_time(now)}")
         sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
         print_status(out, sinks, detailed=args.sink_id is not None)
-        other_docs = _others_json(others, now)
-        old = _old_others_warning(other_docs, args.max_age, me.database)
+        other_docs = others_json(others, now)
+        old = old_others_warning(other_docs, args.max_age, me.database)
         if old is not None and args.sink_id is None:
             scan.warnings.append(old)
         print_others(out, other_docs)

@@ -135,25 +135,7 @@ def _load(
         if gid is None:
             conn.execute("COMMIT")
             return counted
-        commit_log.insert_marker(
-            conn, str(gid), task.sink_id, task.batch_id, task.partition_id, counted.rows
-        )
-        with (
-            backend.standby.bounded(
-                f"{task.where()}: PREPARE TRANSACTION {gid}",
-                batch=task.batch_id,
-                partition=task.partition_id,
-                gid=str(gid),
-            ),
-            conn.cursor() as cur,
-        ):
-            cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
-            if cur.statusmessage != "PREPARE TRANSACTION":
-                raise TransientError(
-                    f"{task.where()}: the server did not prepare transaction {gid} "
-                    f"(it answered {cur.statusmessage!r}); the batch is retried",
-                    gid=str(gid),
-                )
+        _prepare(conn, backend, task, gid, counted.rows)
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
         participant.after_prepare(gid)
         return counted
@@ -170,6 +152,30 @@ def _load(
     except SqlsinkError:
         _rollback_quietly(conn)
         raise
+
+
+def _prepare(
+    conn: Connection, backend: PostgresBackend, task: TaskIdentity, gid: Gid, rows: int
+) -> None:
+    """The marker row (same transaction, same xid as the rows), then PREPARE TRANSACTION,
+    bounded when a synchronous standby must confirm it."""
+    commit_log.insert_marker(conn, str(gid), task.sink_id, task.batch_id, task.partition_id, rows)
+    with (
+        backend.standby.bounded(
+            f"{task.where()}: PREPARE TRANSACTION {gid}",
+            batch=task.batch_id,
+            partition=task.partition_id,
+            gid=str(gid),
+        ),
+        conn.cursor() as cur,
+    ):
+        cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
+        if cur.statusmessage != "PREPARE TRANSACTION":
+            raise TransientError(
+                f"{task.where()}: the server did not prepare transaction {gid} "
+                f"(it answered {cur.statusmessage!r}); the batch is retried",
+                gid=str(gid),
+            )
 
 
 def _copy(

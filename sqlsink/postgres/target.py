@@ -68,11 +68,32 @@ def plan_target(
             f"table {table} does not exist (or this role cannot see it): create it, "
             "or set the option createTable=true to create it from the DataFrame's schema"
         )
+    matched, pairs, problems = _match(columns, field_names, options)
+    upsert = None
+    if options.mode is Mode.UPSERT:
+        upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
+        problems += more
+    key, edge = _ordering_key(conn, options, upsert, pairs)
+    if arrow_schema is not None:
+        problems += _type_problems(arrow_schema, pairs)
+    if problems:
+        raise ConfigError(
+            f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
+            "select/rename the DataFrame's columns to the table's, or alter the table"
+        )
+    return TargetPlan(table, tuple(matched), upsert, key, edge)
+
+
+def _match(
+    columns: Sequence[TargetColumn], field_names: Sequence[str], options: SinkOptions
+) -> tuple[list[TargetColumn], list[tuple[str, TargetColumn]], list[str]]:
+    """The table column of each DataFrame column (exact name, else case-insensitive), the
+    (DataFrame name, column) pairs written, and every problem."""
+    table, delete_column = options.table, options.delete_column
     by_name = {c.name: c for c in columns}
     by_lower = {c.name.lower(): c for c in columns}
     matched: list[TargetColumn] = []
     problems: list[str] = []
-    delete_column = options.delete_column
     pairs: list[tuple[str, TargetColumn]] = []
     for name in field_names:
         if delete_column is not None and name == delete_column:
@@ -93,31 +114,27 @@ def plan_target(
             )
     if delete_column is not None and delete_column not in field_names:
         problems.append(f"deleteColumn {delete_column!r} is not a column of the DataFrame")
-    upsert = None
-    key: tuple[str, ...] = ()
+    return matched, pairs, problems
+
+
+def _ordering_key(
+    conn: Connection,
+    options: SinkOptions,
+    upsert: UpsertPlan | None,
+    pairs: list[tuple[str, TargetColumn]],
+) -> tuple[tuple[str, ...], Any]:
+    """The table's key in the DataFrame's spelling (the upsert's key, else the primary
+    key; () unless the DataFrame writes all of it) and the table's highest value of its
+    first column now (the interleaved-key trap)."""
     if options.mode is Mode.UPSERT:
-        upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
-        problems += more
         key = upsert.keys if upsert is not None else ()
     else:
-        primary = [cols for is_primary, cols in unique_keys(conn, table) if is_primary]
+        primary = [cols for is_primary, cols in unique_keys(conn, options.table) if is_primary]
         key = primary[0] if primary else ()
-    # the DataFrame's names of the key's columns (it may spell them in another case)
     spelled = {column.name: name for name, column in pairs}
-    edge = None
-    if key and all(k in spelled for k in key):
-        edge = _highest(conn, table, key[0])
-        key = tuple(spelled[k] for k in key)
-    else:
-        key = ()
-    if arrow_schema is not None:
-        problems += _type_problems(arrow_schema, pairs)
-    if problems:
-        raise ConfigError(
-            f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
-            "select/rename the DataFrame's columns to the table's, or alter the table"
-        )
-    return TargetPlan(table, tuple(matched), upsert, key, edge)
+    if not key or not all(k in spelled for k in key):
+        return (), None
+    return tuple(spelled[k] for k in key), _highest(conn, options.table, key[0])
 
 
 def _highest(conn: Connection, table: TableName, column: str) -> Any:

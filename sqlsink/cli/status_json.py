@@ -1,0 +1,109 @@
+"""``sqlsink status``'s pieces that need no connection: sorting the prepared transactions
+into the sinks' and the others', which sinks to show, and the JSON of a decision, a
+view and another application's prepared transaction (the contract in cli/contract.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlsink.cli.contract import ConsistentViewJson, OtherPreparedJson, RecentBatchJson
+from sqlsink.cli.output import CliError, Notice, format_age
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import PreparedTransaction
+from sqlsink.postgres import views as pg_views
+from sqlsink.postgres.survey import decisions as pg_decisions
+
+Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
+Others = list[tuple[PreparedTransaction, str]]  # with the reason it is not ours
+
+
+def view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
+    return {"view": str(v.view), "table": v.table, "owner": v.owner}
+
+
+def recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
+    return {
+        "batch_id": d.batch_id,
+        "rows": d.rows,
+        "gids": len(d.gids),
+        "decided_at": d.decided_at,
+        "completed_at": d.completed_at,
+        "query_id": d.query_id,
+        "run_id": d.run_id,
+        "rows_per_second": d.rows_per_second(),
+        "lag_seconds": d.lag_seconds(),
+        "commit_ms": d.commit_ms,
+        "orphans": d.orphans,
+    }
+
+
+def sort_prepared(
+    prepared: list[PreparedTransaction], database: str, sink_id: str | None
+) -> tuple[Ours, Others]:
+    """Ours: sqlsink gids of this database (of --sink-id, if given); the others, why not."""
+    ours: Ours = {}
+    others: Others = []
+    for txn in prepared:
+        gid = Gid.parse(txn.gid)
+        if gid is None:
+            others.append((txn, "not a sqlsink transaction"))
+        elif txn.database != database:
+            others.append((txn, f"sink {gid.sink_id}, in database {txn.database}"))
+        elif sink_id is not None and gid.sink_id != sink_id:
+            others.append((txn, f"belongs to sink {gid.sink_id}"))
+        else:
+            ours.setdefault(gid.sink_id, []).append((txn, gid))
+    return ours, others
+
+
+def sink_names(
+    rows: dict[str, pg_decisions.SinkRow],
+    ours: Ours,
+    incomplete: list[pg_decisions.DecisionRow],
+    sink_id: str | None,
+    database: str,
+) -> set[str]:
+    """The sinks to show: every one the database knows of, or --sink-id, which must exist."""
+    names = set(rows) | set(ours) | {d.sink_id for d in incomplete}
+    if sink_id is None:
+        return names
+    if sink_id not in names:
+        listed = ", ".join(sorted(rows)[:20]) or "none"
+        raise CliError(
+            f"unknown sink {sink_id} in database {database} (known sinks: {listed})",
+            "check --sink-id (the sinkId option, else the query id) and the database in --url",
+        )
+    return {sink_id}
+
+
+def others_json(others: Others, now: datetime) -> list[OtherPreparedJson]:
+    return [
+        {
+            "gid": txn.gid,
+            "database": txn.database,
+            "owner": txn.owner,
+            "prepared_at": txn.prepared_at,
+            "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
+            "reason": reason,
+        }
+        for txn, reason in others
+    ]
+
+
+def old_others_warning(
+    others: list[OtherPreparedJson], max_age: float, database: str
+) -> Notice | None:
+    """Another application's old prepared transaction in this database."""
+    old = [o for o in others if o["age_seconds"] > max_age and o["database"] == database]
+    if not old:
+        return None
+    oldest = max(old, key=lambda o: o["age_seconds"])
+    return Notice(
+        "warning",
+        f"{len(old)} prepared transaction(s) in this database that are not a "
+        f"sink's are older than {format_age(max_age)} (oldest {oldest['gid']!r}, "
+        f"{format_age(oldest['age_seconds'])}, role {oldest['owner']}): a prepared "
+        "transaction holds its locks and blocks VACUUM until finished",
+        "not sqlsink's to resolve: find the application that prepared it; as a last "
+        "resort ROLLBACK PREPARED '<gid>' (as its owner or a superuser)",
+    )
