@@ -14,7 +14,7 @@ from sqlsink.postgres import views
 from sqlsink.postgres.checks import Finding, check_server
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version, latest_version, sql_dir
-from sqlsink.postgres.survey.roles import role_info
+from sqlsink.postgres.survey.roles import RoleInfo, role_info
 
 
 @dataclass(frozen=True)
@@ -88,108 +88,112 @@ def check_schema(conn: Connection, ctx: CheckContext) -> list[Finding]:
 
 
 def check_privileges(conn: Connection, ctx: CheckContext) -> list[Finding]:
+    """The role, then what it may do with the commit log (create it, or use it), then
+    leftovers it cannot finish."""
     me = role_info(conn)
-    out: list[Finding] = []
-    if me.superuser:
-        out.append(
-            Finding("ok", "role", me.role, "", "superuser: may finish any prepared transaction")
-        )
+    out = [_role_finding(me)]
+    if readable_version(conn) == 0:
+        out.append(_create_finding(conn, me))
     else:
-        out.append(
-            Finding(
-                "info",
-                "role",
-                me.role,
-                "",
-                "not a superuser: COMMIT/ROLLBACK PREPARED works only on transactions this "
-                "role prepared (membership in the preparing role is not enough); run "
-                "'sqlsink recover' as the sink's role or as a superuser",
-            )
-        )
-    installed = readable_version(conn) != 0
-    row = conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()
-    can_create = bool(row and row[0])
-    if not installed:
-        if can_create or me.superuser:
-            out.append(
-                Finding(
-                    "ok",
-                    "CREATE on database",
-                    "granted",
-                    "",
-                    "the sink can create its commit log (schema sqlsink)",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    "error",
-                    "CREATE on database",
-                    "not granted",
-                    "",
-                    f"role {me.role} cannot create the sqlsink schema, and it is not installed: "
-                    "the sink fails at its first batch",
-                    f"GRANT CREATE ON DATABASE {me.database} TO {me.role}; or run "
-                    f"{sql_dir() / 'setup_role.sql'} as a superuser",
-                )
-            )
-    else:
-        needed = {
-            "sqlsink.sinks": "SELECT,INSERT,UPDATE",
-            "sqlsink.decisions": "SELECT,INSERT,UPDATE",
-            "sqlsink.markers": "SELECT,INSERT,DELETE",
-            "sqlsink.schema_version": "SELECT",
-        }
-        missing = []
-        for table, privileges in needed.items():
-            # has_table_privilege with a list is true if ANY is held: ask one at a time
-            lacking = [
-                p
-                for p in privileges.split(",")
-                if not _true(conn, _TABLE_PRIVILEGE, (p, table.split(".")[1]))
-            ]
-            if lacking:
-                missing.append(f"{','.join(lacking)} ON {table}")
-        if not _true(conn, "SELECT has_schema_privilege('sqlsink', 'USAGE')", ()):
-            missing.insert(0, "USAGE ON SCHEMA sqlsink")
-        if missing:
-            out.append(
-                Finding(
-                    "error",
-                    "sqlsink privileges",
-                    "missing",
-                    "",
-                    f"role {me.role} lacks {'; '.join(missing)}: the sink cannot keep its "
-                    "commit log",
-                    f"connect as the schema's owner, or GRANT USAGE ON SCHEMA sqlsink TO "
-                    f"{me.role} and the table privileges listed",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    "ok", "sqlsink privileges", "granted", "", "can read and write the commit log"
-                )
-            )
+        out.append(_commit_log_finding(conn, me))
     if not me.superuser:
-        rows = conn.execute(
-            "SELECT owner::text, count(*) FROM pg_prepared_xacts "
-            "WHERE database = current_database() AND gid LIKE 'sqlsink\\_%%' "
-            "AND owner <> current_user GROUP BY owner ORDER BY owner"
-        ).fetchall()
-        for owner, count in rows:
-            out.append(
-                Finding(
-                    "warning",
-                    "prepared transaction owner",
-                    str(owner),
-                    "",
-                    f"{count} sqlsink prepared transaction(s) here were prepared by role {owner}; "
-                    f"role {me.role} cannot commit or roll them back",
-                    f"run 'sqlsink recover' connected as {owner} or as a superuser",
-                )
-            )
+        out += _foreign_owner_findings(conn, me)
     return out
+
+
+def _role_finding(me: RoleInfo) -> Finding:
+    if me.superuser:
+        return Finding("ok", "role", me.role, "", "superuser: may finish any prepared transaction")
+    return Finding(
+        "info",
+        "role",
+        me.role,
+        "",
+        "not a superuser: COMMIT/ROLLBACK PREPARED works only on transactions this "
+        "role prepared (membership in the preparing role is not enough); run "
+        "'sqlsink recover' as the sink's role or as a superuser",
+    )
+
+
+def _create_finding(conn: Connection, me: RoleInfo) -> Finding:
+    """The commit log is not installed: may this role create it?"""
+    row = conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()
+    if bool(row and row[0]) or me.superuser:
+        return Finding(
+            "ok",
+            "CREATE on database",
+            "granted",
+            "",
+            "the sink can create its commit log (schema sqlsink)",
+        )
+    return Finding(
+        "error",
+        "CREATE on database",
+        "not granted",
+        "",
+        f"role {me.role} cannot create the sqlsink schema, and it is not installed: "
+        "the sink fails at its first batch",
+        f"GRANT CREATE ON DATABASE {me.database} TO {me.role}; or run "
+        f"{sql_dir() / 'setup_role.sql'} as a superuser",
+    )
+
+
+_NEEDED = {
+    "sqlsink.sinks": "SELECT,INSERT,UPDATE",
+    "sqlsink.decisions": "SELECT,INSERT,UPDATE",
+    "sqlsink.markers": "SELECT,INSERT,DELETE",
+    "sqlsink.schema_version": "SELECT",
+}
+
+
+def _commit_log_finding(conn: Connection, me: RoleInfo) -> Finding:
+    """The commit log is installed: may this role read and write it?"""
+    missing = []
+    for table, privileges in _NEEDED.items():
+        # has_table_privilege with a list is true if ANY is held: ask one at a time
+        lacking = [
+            p
+            for p in privileges.split(",")
+            if not _true(conn, _TABLE_PRIVILEGE, (p, table.split(".")[1]))
+        ]
+        if lacking:
+            missing.append(f"{','.join(lacking)} ON {table}")
+    if not _true(conn, "SELECT has_schema_privilege('sqlsink', 'USAGE')", ()):
+        missing.insert(0, "USAGE ON SCHEMA sqlsink")
+    if not missing:
+        return Finding(
+            "ok", "sqlsink privileges", "granted", "", "can read and write the commit log"
+        )
+    return Finding(
+        "error",
+        "sqlsink privileges",
+        "missing",
+        "",
+        f"role {me.role} lacks {'; '.join(missing)}: the sink cannot keep its commit log",
+        f"connect as the schema's owner, or GRANT USAGE ON SCHEMA sqlsink TO "
+        f"{me.role} and the table privileges listed",
+    )
+
+
+def _foreign_owner_findings(conn: Connection, me: RoleInfo) -> list[Finding]:
+    """sqlsink leftovers here that another role prepared: this one cannot finish them."""
+    rows = conn.execute(
+        "SELECT owner::text, count(*) FROM pg_prepared_xacts "
+        "WHERE database = current_database() AND gid LIKE 'sqlsink\\_%%' "
+        "AND owner <> current_user GROUP BY owner ORDER BY owner"
+    ).fetchall()
+    return [
+        Finding(
+            "warning",
+            "prepared transaction owner",
+            str(owner),
+            "",
+            f"{count} sqlsink prepared transaction(s) here were prepared by role {owner}; "
+            f"role {me.role} cannot commit or roll them back",
+            f"run 'sqlsink recover' connected as {owner} or as a superuser",
+        )
+        for owner, count in rows
+    ]
 
 
 # by oid: a name lookup needs USAGE on the schema, which may be what is missing
