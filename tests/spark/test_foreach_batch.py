@@ -373,3 +373,25 @@ def test_replace_is_refused_by_the_data_source(spark: Any, pg_url: str, table: s
             .mode("append")
             .save()
         )
+
+
+@pytest.mark.parametrize("semantic", ["at_least_once", "none"])
+def test_the_weaker_semantics_through_the_writer_commit_each_partition_alone(
+    spark: Any, pg_url: str, table: str, pg_server: PgServer, semantic: str
+) -> None:
+    """semantic=at_least_once (or none): each partition commits on its own, nothing is
+    prepared; a replayed batch id is still skipped once the batch is decided."""
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url,
+        sink_id=f"fb-{table[2:]}",
+        query_id="q-weak",
+        createTable="true",
+        semantic=semantic,
+    )
+    frame = spark.range(0, 50).repartition(3)
+    writer.to(table)(frame, 0)
+    assert table_ids(pg_url, table) == list(range(50))
+    assert sink_prepared(pg_server) == []
+    assert decided_batches(pg_url, writer.sink_id) == {0: True}
+    writer.to(table)(frame, 0)  # the same batch id again: decided, skipped
+    assert table_ids(pg_url, table) == list(range(50))
