@@ -79,6 +79,14 @@ def print_report(results: dict[str, Any]) -> None:
         print_memory(measures["memory"])
     if "latency" in measures:
         print_latency(measures["latency"])
+    if "trap" in measures:
+        print_trap(measures["trap"])
+    if "scaling" in measures:
+        print_scaling(measures["scaling"])
+    if "peers" in measures:
+        print_peers(measures["peers"])
+    if "batch_cost" in measures:
+        print_batch_cost(measures["batch_cost"])
     for name, error in results.get("errors", {}).items():
         print(f"!! {name} failed: {error}")
 
@@ -175,6 +183,115 @@ def print_latency(latency: dict[str, Any]) -> None:
     print()
 
 
+def _spread(figure: dict[str, Any] | None, fmt: str = "{:.2f}") -> str:
+    if not figure:
+        return "-"
+    return (
+        f"{fmt.format(figure['median'])} [{fmt.format(figure['min'])}-{fmt.format(figure['max'])}]"
+    )
+
+
+def top_waits(waits: dict[str, Any] | None, count: int = 4) -> str:
+    if not waits or not waits.get("share"):
+        return "-"
+    items = list(waits["share"].items())[:count]
+    return ", ".join(f"{name} {share:.0%}" for name, share in items)
+
+
+def print_trap(trap: dict[str, Any]) -> None:
+    print(
+        f"interleaved-key trap: {trap['rows']:,} rows (Spark: {trap['batches']} batches); "
+        "medians [min-max]; x ref = time / the level's reference"
+    )
+    print(
+        f"{'variant':<62} {'seconds':>18} {'rows/s':>9} {'x ref':>6} "
+        f"{'PG CPU-s/M':>18} {'WAL B/row':>9} {'index MB':>8}  waits (share of backend samples)"
+    )
+    ratio = trap.get("ratios", {})
+    for v in trap["variants"]:
+        x = next((r for k, r in ratio.items() if k.startswith(v["name"] + " / ")), None)
+        wal = v.get("wal_bytes_per_row")
+        print(
+            f"{('[' + v['level'] + '] ' + v['name'])[:62]:<62} {_spread(v['seconds']):>18} "
+            f"{v['rows_per_s']:>9,.0f} {x if x is None else round(x, 2)!s:>6} "
+            f"{_spread(v.get('postgres_cpu_s_per_m_rows')):>18} "
+            f"{'-' if wal is None else f'{wal:.0f}':>9} {v.get('index_mb') or '-'!s:>8}  "
+            f"{top_waits(v.get('waits'))}"
+        )
+    print()
+
+
+def print_scaling(scaling: dict[str, Any]) -> None:
+    print(
+        f"scaling: {scaling['rows']:,} rows, PostgreSQL CPU-s per million rows and rows/s, "
+        "medians [min-max]"
+    )
+    points = {(p["method"], p["partitions"]): p for p in scaling["points"]}
+    counts = sorted({p["partitions"] for p in scaling["points"]})
+    print(
+        f"{'partitions':>10} {'plain COPY CPU-s/M':>22} {'sqlsink CPU-s/M':>22} {'ratio':>6} "
+        f"{'COPY rows/s':>12} {'sqlsink rows/s':>15} {'index MB':>15}"
+    )
+    for p in counts:
+        copy, sink = points.get(("plain COPY", p)), points.get(("sqlsink exactly_once", p))
+        ratio = scaling["ratios"].get(f"server CPU, sqlsink / COPY at {p}")
+        print(
+            f"{p:>10} {_spread(copy and copy['postgres_cpu_s_per_m_rows']):>22} "
+            f"{_spread(sink and sink['postgres_cpu_s_per_m_rows']):>22} "
+            f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
+            f"{copy['rows_per_s'] if copy else 0:>12,.0f} "
+            f"{sink['rows_per_s'] if sink else 0:>15,.0f} "
+            f"{(copy or {}).get('index_mb') or 0:>7.1f} {(sink or {}).get('index_mb') or 0:>7.1f}"
+        )
+    print()
+
+
+def print_peers(peers: dict[str, Any]) -> None:
+    print(f"peers: {peers['rows']:,} rows, medians [min-max]")
+    print(f"{'method':<56} {'seconds':>18} {'rows/s':>9} {'PG CPU-s/M':>18}")
+    for m in peers["methods"]:
+        print(
+            f"{m['method']:<56} {_spread(m['seconds']):>18} {m['rows_per_s']:>9,.0f} "
+            f"{_spread(m.get('postgres_cpu_s_per_m_rows')):>18}"
+        )
+    for name, value in peers.get("ratios", {}).items():
+        print(f"  {name:<100} {value:.2f}x")
+    print()
+
+
+def _median_ci(figure: dict[str, Any] | None) -> str:
+    if not figure:
+        return "-"
+    low, high = figure["ci95"]
+    return f"{figure['median']:.0f} [{low:.0f}, {high:.0f}]"
+
+
+def print_batch_cost(cost: dict[str, Any]) -> None:
+    print(
+        f"per-batch cost: {cost['rows_per_batch']}-row batches, {cost['partitions']} partitions, "
+        f"trigger every {cost['trigger']}; ms, median [95% CI]"
+    )
+    keys = ("trigger_to_visible_ms", "trigger_ms", "add_batch_ms", "commit_ms")
+    heads = ("trigger->visible", "triggerExecution", "addBatch", "commit_ms")
+    print(f"{'sink':<15} {'batches':>7}" + "".join(f" {h:>20}" for h in heads))
+    for sink, figures in cost["sinks"].items():
+        n = max((f["n"] for f in figures.values() if f), default=0)
+        print(f"{sink:<15} {n:>7}" + "".join(f" {_median_ci(figures.get(k)):>20}" for k in keys))
+    for name, value in cost.get("ratios", {}).items():
+        print(f"  {name:<55} {value:.2f}")
+    counted = cost.get("statements")
+    if counted:
+        per = ", ".join(f"{k} {v:.1f}" for k, v in counted["statements_per_batch"].items())
+        conns = ", ".join(f"{k} {v:.1f}" for k, v in counted["connections_per_batch"].items())
+        print(f"  statements per batch ({counted['batches']} batches logged): {per}")
+        print(f"  connections per batch: {conns}")
+        print(
+            "  the driver's commit, statements per batch: "
+            f"{counted.get('driver_commit_statements')}"
+        )
+    print()
+
+
 # -- files ------------------------------------------------------------------------------------
 
 
@@ -203,6 +320,153 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_round2_plot(results: dict[str, Any], path: Path) -> None:
+    """Issue 16's measures: the trap, scaling, the peers, the per-batch cost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measures = results["measures"]
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    plot_trap(axes[0][0], measures.get("trap"))
+    plot_scaling(axes[0][1], measures.get("scaling"))
+    plot_peers(axes[1][0], measures.get("peers"))
+    plot_batch_cost(axes[1][1], measures.get("batch_cost"))
+    facts = results["machine"]
+    fig.suptitle(
+        f"sqlsink benchmark, issue 16: {facts['cpu_count']} CPUs, "
+        f"PostgreSQL {results['postgres'].get('server_version', '?')}, "
+        f"Spark {results.get('spark', {}).get('spark', '?')}, {facts['date'][:10]}, "
+        f"load average at start {facts['load_average_at_start'][0]:.1f}"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_trap(ax: Any, trap: dict[str, Any] | None) -> None:
+    """PostgreSQL's CPU per row: the trap's robust figure (the wall time carries the load)."""
+    ax.set_title("interleaved-key trap: PostgreSQL CPU-s per million rows (median, min-max)")
+    if not trap:
+        return
+    variants = [v for v in trap["variants"] if v.get("postgres_cpu_s_per_m_rows")]
+    variants = [v for v in variants if "noop" not in v["name"]]
+    names = [("[S] " if v["level"] == "spark" else "[PG] ") + v["name"] for v in variants]
+    cpu = [v["postgres_cpu_s_per_m_rows"] for v in variants]
+    med = [c["median"] for c in cpu]
+    err = [[m - c["min"] for m, c in zip(med, cpu, strict=True)]]
+    err.append([c["max"] - m for m, c in zip(med, cpu, strict=True)])
+    colors = ["#1f77b4" if v["level"] == "spark" else "#2ca02c" for v in variants]
+    ys = list(range(len(variants)))[::-1]
+    ax.barh(ys, med, color=colors, xerr=err)
+    for y, v, m in zip(ys, variants, med, strict=True):
+        shares = (v.get("waits") or {}).get("share", {})
+        lwlock = sum(x for k, x in shares.items() if k.startswith("LWLock"))
+        ax.annotate(
+            f" {m:.2f}, {v['rows_per_s'] / 1000:.0f}k rows/s, LWLock {lwlock:.0%}",
+            (m, y),
+            va="center",
+            fontsize=7,
+        )
+    ax.set_yticks(ys, [n[:70] for n in names], fontsize=7)
+    ax.set_xlabel(
+        "server CPU-s per million rows ([S] through Spark into sqlsink, [PG] COPY alone); "
+        "annotated: rows/s, LWLock share of the waits"
+    )
+
+
+def plot_scaling(ax: Any, scaling: dict[str, Any] | None) -> None:
+    ax.set_title("scaling: PostgreSQL CPU-s per million rows (median, min-max)")
+    ax.set_xlabel("partitions / COPY processes")
+    ax.set_ylabel("server CPU-s per million rows")
+    if not scaling:
+        return
+    for method, color in (("plain COPY", "#7f7f7f"), ("sqlsink exactly_once", "#d62728")):
+        pts = sorted(
+            (p for p in scaling["points"] if p["method"] == method), key=lambda p: p["partitions"]
+        )
+        pts = [p for p in pts if p["postgres_cpu_s_per_m_rows"]]
+        if not pts:
+            continue
+        xs = [p["partitions"] for p in pts]
+        med = [p["postgres_cpu_s_per_m_rows"]["median"] for p in pts]
+        err = [
+            [m - p["postgres_cpu_s_per_m_rows"]["min"] for m, p in zip(med, pts, strict=True)],
+            [p["postgres_cpu_s_per_m_rows"]["max"] - m for m, p in zip(med, pts, strict=True)],
+        ]
+        ax.errorbar(xs, med, yerr=err, fmt="o-", color=color, capsize=4, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+
+
+def plot_peers(ax: Any, peers: dict[str, Any] | None) -> None:
+    ax.set_title("peers in the same run: rows/s (median, min-max)")
+    if not peers:
+        return
+    methods = peers["methods"]
+    rates = [m["rows_per_s"] / 1000 for m in methods]
+    lows = [m["rows"] / m["seconds"]["max"] / 1000 for m in methods]
+    highs = [m["rows"] / m["seconds"]["min"] / 1000 for m in methods]
+    colors = ["#d62728" if "sqlsink" in m["method"] else "#ff7f0e" for m in methods]
+    xs = list(range(len(methods)))
+    ax.bar(
+        xs,
+        rates,
+        color=colors,
+        yerr=[
+            [r - lo for r, lo in zip(rates, lows, strict=True)],
+            [h - r for r, h in zip(rates, highs, strict=True)],
+        ],
+        capsize=4,
+    )
+    for x, r in zip(xs, rates, strict=True):
+        ax.annotate(f"{r:.0f}k", (x, r), ha="center", va="bottom")
+    short = {
+        "hand-written upsert, executemany": "hand-written\nupsert,\nexecutemany",
+        "hand-written upsert, multi-row VALUES (1,000 rows)": "hand-written\nupsert,\nVALUES",
+        "sqlsink exactly_once, upsert": "sqlsink\nexactly_once,\nupsert",
+        "sqlsink exactly_once, append": "sqlsink\nexactly_once,\nappend",
+        "Spark JDBC via foreachBatch, reWriteBatchedInserts": "Spark JDBC,\nreWrite…",
+    }
+    ax.set_xticks(xs, [short.get(m["method"], wrap(m["method"])) for m in methods], fontsize=7)
+    ax.set_ylabel("thousand rows/s")
+
+
+def plot_batch_cost(ax: Any, cost: dict[str, Any] | None) -> None:
+    ax.set_title("10-row batches: ms, median with 95% interval")
+    if not cost:
+        return
+    labels, values, errors = [], [], []
+    for sink, figures in cost["sinks"].items():
+        for key, label in (
+            ("trigger_to_visible_ms", "trigger->visible"),
+            ("trigger_ms", "triggerExecution"),
+            ("commit_ms", "commit_ms"),
+        ):
+            figure = figures.get(key)
+            if figure:
+                labels.append(f"{sink}\n{label}")
+                values.append(figure["median"])
+                errors.append(
+                    (figure["median"] - figure["ci95"][0], figure["ci95"][1] - figure["median"])
+                )
+    xs = list(range(len(values)))
+    ax.bar(
+        xs,
+        values,
+        yerr=[[e[0] for e in errors], [e[1] for e in errors]],
+        capsize=4,
+        color="#1f77b4",
+    )
+    for x, v in zip(xs, values, strict=True):
+        ax.annotate(f"{v:.0f}", (x, v), ha="center", va="bottom")
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_ylabel("ms")
 
 
 def plot_throughput(ax: Any, rows: list[dict[str, Any]]) -> None:

@@ -1,9 +1,11 @@
-"""sqlsink benchmark: throughput, per-batch overhead, worker memory and latency.
+"""sqlsink benchmark: throughput, per-batch overhead, worker memory, latency, and issue 16's
+interleaved-key trap, scaling, peers and per-batch cost.
 
     make bench                                   # = .venv/bin/python benchmarks/run.py
     .venv/bin/python benchmarks/run.py --rows 100000 --repeat 1
     .venv/bin/python benchmarks/run.py --quick --no-plot --out /tmp/x.json   # smoke, < 2 min
     .venv/bin/python benchmarks/run.py --only throughput,latency
+    .venv/bin/python benchmarks/run.py --only trap,scaling,peers,batch_cost --quick   # < 1 min
     .venv/bin/python benchmarks/run.py --url postgresql://user@host/db       # an existing server
 
 Starts an embedded PostgreSQL (unless --url) and one local[2] SparkSession, generates the rows
@@ -24,19 +26,39 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from batch_cost import measure_batch_cost
 from latency import measure_latency
 from memory import measure_memory
 from overhead import measure_batch_costs, summarize_overhead
-from report import machine_facts, print_report, ratios, write_json, write_plot
+from peers import measure_peers
+from report import (
+    machine_facts,
+    print_report,
+    ratios,
+    write_json,
+    write_plot,
+    write_round2_plot,
+)
+from scaling import measure_scaling
 from server import TABLE, postgres, recreate_table, reset_table, server_facts
 from streaming import JDBC_JAR, Sink, read_stream, run_available_now, spark_facts, start_session
 from throughput import methods, run_rounds
+from trap import measure_trap
 from workload import Dataset, ensure_dataset
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
 RESULTS = HERE / "results"
-MEASURES = ("throughput", "overhead", "memory", "latency")
+MEASURES = (
+    "throughput",
+    "overhead",
+    "memory",
+    "latency",
+    "trap",
+    "scaling",
+    "peers",
+    "batch_cost",
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,18 @@ class Sizes:
     memory_rows: int = 200_000  # N; the second memory run has 10·N
     latency_drops: int = 7
     latency_warmup: int = 2
+    # issue 16's measures
+    trap_rows: int = 1_000_000  # 8 files
+    trap_batches: int = 4  # of the Spark shapes
+    trap_repeat: int = 3
+    scaling_partitions: tuple[int, ...] = (1, 2, 4, 8)
+    scaling_repeat: int = 3
+    peer_rows: int = 500_000
+    peer_repeat: int = 3
+    cost_batches: int = 100  # steady batches per query; x cost_rounds per sink
+    cost_rounds: int = 2
+    cost_warmup: int = 5
+    cost_counted_batches: int = 20  # the query whose statements are counted
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -68,9 +102,30 @@ class Sizes:
                 memory_rows=2_000,
                 latency_drops=2,
                 latency_warmup=1,
+                trap_rows=20_000,
+                trap_batches=1,
+                trap_repeat=1,
+                scaling_partitions=(1, 2),
+                scaling_repeat=1,
+                peer_rows=10_000,
+                peer_repeat=1,
+                cost_batches=4,
+                cost_rounds=1,
+                cost_warmup=1,
+                cost_counted_batches=3,
             )
         rows = args.rows or 1_000_000
-        return cls(rows=rows, repeat=args.repeat or 3, memory_rows=max(rows // 5, 1_000))
+        repeat = args.repeat or 3
+        return cls(
+            rows=rows,
+            repeat=repeat,
+            memory_rows=max(rows // 5, 1_000),
+            trap_rows=rows,
+            trap_repeat=repeat,
+            scaling_repeat=repeat,
+            peer_rows=max(rows // 2, 1_000),
+            peer_repeat=repeat,
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +155,8 @@ class Datasets:
     small_batches: Dataset
     memory_small: Dataset
     memory_large: Dataset
+    trap: Dataset
+    peers: Dataset
 
 
 def prepare_datasets(sizes: Sizes) -> Datasets:
@@ -113,6 +170,8 @@ def prepare_datasets(sizes: Sizes) -> Datasets:
         ),
         memory_small=ensure_dataset(root, "memory", 2_000_000_000, sizes.memory_rows, 10),
         memory_large=ensure_dataset(root, "memory", 3_000_000_000, 10 * sizes.memory_rows, 10),
+        trap=ensure_dataset(root, "trap", 4_000_000_000, sizes.trap_rows, 8),
+        peers=ensure_dataset(root, "peers", 5_000_000_000, sizes.peer_rows, 4),
     )
 
 
@@ -125,6 +184,8 @@ class Bench:
         self.measures: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
+        self.timings: dict[str, float] = {}
+        self.load_after: dict[str, list[float]] = {}  # load average (1, 5, 15 min) after each
 
     def attempt(self, name: str, measure: Callable[[], Any]) -> Any:
         """Run one measure; a failure is recorded (and reported), the others still run."""
@@ -140,7 +201,10 @@ class Bench:
         return result
 
     def record(self, name: str, measure: Callable[[], Any]) -> None:
+        started = time.perf_counter()
         result = self.attempt(name, measure)
+        self.timings[name] = round(time.perf_counter() - started, 1)
+        self.load_after[name] = list(os.getloadavg())
         if result is not None:
             self.measures[name] = result
 
@@ -154,6 +218,14 @@ class Bench:
             self.record("overhead", lambda: self.overhead(data.small_batches))
         if "latency" in self.args.only:
             self.record("latency", self.latency)
+        if "trap" in self.args.only:
+            self.record("trap", lambda: self.trap(data.trap))
+        if "scaling" in self.args.only:
+            self.record("scaling", lambda: self.scaling(data.rows))
+        if "peers" in self.args.only:
+            self.record("peers", lambda: self.peers(data.peers))
+        if "batch_cost" in self.args.only:
+            self.record("batch_cost", self.batch_cost)
 
     def warm_up(self, data: Datasets) -> None:
         """Start the Python workers and JIT the paths once, so no measure pays for it."""
@@ -184,6 +256,51 @@ class Bench:
         drops, warmup = self.sizes.latency_drops, self.sizes.latency_warmup
         return measure_latency(self.spark, self.url, WORK, drops, warmup)
 
+    def trap(self, data: Dataset) -> dict[str, Any]:
+        sizes = self.sizes
+        return measure_trap(
+            self.spark,
+            self.url,
+            data,
+            self.checkpoints,
+            sizes.trap_repeat,
+            sizes.trap_batches,
+            self.attempt,
+        )
+
+    def scaling(self, data: Dataset) -> dict[str, Any]:
+        sizes = self.sizes
+        return measure_scaling(
+            self.spark,
+            self.url,
+            data,
+            self.checkpoints,
+            sizes.scaling_partitions,
+            sizes.scaling_repeat,
+            self.attempt,
+        )
+
+    def peers(self, data: Dataset) -> dict[str, Any]:
+        jdbc = JDBC_JAR.is_file()
+        if not jdbc:
+            self.skipped["peers jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh"
+        return measure_peers(
+            self.spark, self.url, data, self.checkpoints, self.sizes.peer_repeat, jdbc, self.attempt
+        )
+
+    def batch_cost(self) -> dict[str, Any]:
+        sizes = self.sizes
+        return measure_batch_cost(
+            self.spark,
+            self.url,
+            self.checkpoints,
+            sizes.cost_batches,
+            sizes.cost_rounds,
+            sizes.cost_warmup,
+            sizes.cost_counted_batches,
+            self.attempt,
+        )
+
 
 def describe(exc: BaseException) -> str:
     """The exception in a few lines (a Py4J error's first line says nothing)."""
@@ -211,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         recreate_table(url)
         results["postgres"] = server_facts(url)
         bench = run_bench(args, sizes, url, data, results)
-    results.update(measures=bench.measures, errors=bench.errors, skipped=bench.skipped)
+    results.update(
+        measures=bench.measures,
+        errors=bench.errors,
+        skipped=bench.skipped,
+        timings=bench.timings,
+        load_average_after=bench.load_after,
+    )
     results["ratios"] = ratios(bench.measures.get("throughput", []))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["machine"]["total_seconds"] = time.perf_counter() - started
@@ -235,12 +358,21 @@ def run_bench(
 
 
 def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
-    print_report(results)
-    write_json(results, args.out)
+    write_json(results, args.out)  # first: a failure to print or plot loses nothing
     say(f"wrote {args.out}")
+    print_report(results)
     if not args.no_plot:
-        write_plot(results, args.out.with_suffix(".png"))
-        say(f"wrote {args.out.with_suffix('.png')}")
+        # results.png: measures 1-6; issue 16's measures in results_issue16.png beside it,
+        # or in <out>.png when they ran alone
+        old = {"throughput", "overhead", "memory", "latency"}
+        plot = args.out.with_suffix(".png")
+        if old & set(results["measures"]):
+            write_plot(results, plot)
+            say(f"wrote {plot}")
+            plot = args.out.with_name(args.out.stem + "_issue16.png")
+        if set(results["measures"]) - old:
+            write_round2_plot(results, plot)
+            say(f"wrote {plot}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ THROUGHPUT = {
 def test_quick_benchmark_runs_every_measure(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     env = {k: v for k, v in os.environ.items() if k != "SQLSINK_TEST_URL"}
-    run_program("benchmarks/run.py", "--quick", "--out", str(out), timeout=480, env=env)
+    only = "memory,throughput,overhead,latency"
+    run_program(
+        "benchmarks/run.py", "--quick", "--only", only, "--out", str(out), timeout=480, env=env
+    )
     results = json.loads(out.read_text())
     assert results["errors"] == {}
     assert set(results["measures"]) == {"memory", "throughput", "overhead", "latency"}
@@ -39,3 +42,59 @@ def test_quick_benchmark_runs_every_measure(tmp_path: Path) -> None:
         assert "postgres" in method["cpu_s_of_median_run"], method
     assert results["ratios"]["exactly_once_vs_ceiling"] > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+ISSUE16 = ("trap", "scaling", "peers", "batch_cost")
+
+
+def test_quick_issue16_measures_run_and_have_their_fields(tmp_path: Path) -> None:
+    """The trap, scaling, peers and per-batch cost measures (issue 16) in --quick mode: each
+    runs without error and its JSON has the fields the README's tables are made of."""
+    out = tmp_path / "results.json"
+    env = {k: v for k, v in os.environ.items() if k != "SQLSINK_TEST_URL"}
+    only = ",".join(ISSUE16)
+    log = tmp_path / "bench.log"  # the whole output, to read after a failure
+    args = ("benchmarks/run.py", "--quick", "--only", only, "--out", str(out))
+    run_program(*args, timeout=480, env=env, log=log)
+    results = json.loads(out.read_text())
+    assert results["errors"] == {}
+    assert set(results["measures"]) == set(ISSUE16)
+    measures = results["measures"]
+    for name in ISSUE16:
+        assert len(results["load_average_after"][name]) == 3, name
+
+    trap = measures["trap"]
+    levels = {v["level"] for v in trap["variants"]}
+    assert levels == {"spark", "server"}
+    for variant in trap["variants"]:
+        assert variant["rows_per_s"] > 0, variant["name"]
+        assert (
+            variant["seconds"]["min"] <= variant["seconds"]["median"] <= variant["seconds"]["max"]
+        )
+        if "noop" not in variant["name"]:
+            assert variant["waits"]["samples"] > 0, variant["name"]
+            assert variant["postgres_cpu_s_per_m_rows"]["median"] > 0, variant["name"]
+    assert any("(the trap)" in key for key in trap["ratios"])
+
+    scaling = measures["scaling"]
+    methods = {(p["method"], p["partitions"]) for p in scaling["points"]}
+    assert methods == {(m, p) for m in ("plain COPY", "sqlsink exactly_once") for p in (1, 2)}
+    assert all(p["postgres_cpu_s_per_m_rows"]["median"] > 0 for p in scaling["points"])
+    assert "server CPU, sqlsink / COPY at 2" in scaling["ratios"]
+
+    peers = {m["method"] for m in measures["peers"]["methods"]}
+    assert {
+        "hand-written upsert, executemany",
+        "sqlsink exactly_once, upsert",
+        "sqlsink exactly_once, append",
+    } <= peers  # the JDBC peer runs when its jar is installed
+    assert measures["peers"]["ratios"]
+
+    cost = measures["batch_cost"]
+    assert cost["sinks"]["exactly_once"]["trigger_to_visible_ms"]["n"] > 0
+    assert cost["sinks"]["exactly_once"]["commit_ms"]["median"] > 0
+    assert cost["sinks"]["noop"]["trigger_ms"]["n"] > 0
+    assert cost["statements"]["statements_per_batch"]["driver commit"] > 0
+    new_measures_s = sum(results["timings"][name] for name in ISSUE16)
+    print(f"issue 16's measures in --quick mode: {new_measures_s:.0f} s")
+    assert out.with_suffix(".png").stat().st_size > 10_000  # the plot of these measures
