@@ -1,11 +1,11 @@
-"""The foreachBatch writer's range partitioning by the key, on and off (issue 14).
+"""The foreachBatch writer's ordering by the key (order_by_key), on and off (issue 14).
 
     python benchmarks/range_partition.py [--rows 1000000] [--rounds 3] [--partitions 2]
 
 The batch DataFrame comes from Parquet files through ``repartition(n)`` (round robin,
 as users set parallelism), into the benchmark's table with a bigint primary key, in
-four batches, by ``ForeachBatchWriter(...).to(table)`` with ``range_partition`` True
-(the default: ``repartitionByRange(n, "id")`` before the write) and False (the
+four batches, by ``ForeachBatchWriter(...).to(table)`` with ``order_by_key`` True
+(the default: ``sortWithinPartitions("id")`` before the write) and False (the
 round-robin partitions as given). Runs of the two alternate; the table is emptied and
 checkpointed before each. Also the same DataFrames into Spark's ``noop`` sink (what
 Spark itself costs) and a single-process binary COPY of the rows (the server's floor).
@@ -68,7 +68,7 @@ def run_writer(url: str, frames: list[Any], ranged: bool) -> float:
         url=url,
         sink_id=f"bench-{uuid.uuid4().hex[:12]}",
         query_id=str(uuid.uuid4()),
-        range_partition=ranged,
+        order_by_key=ranged,
     )
     function = writer.to(TABLE)
     started = time.perf_counter()

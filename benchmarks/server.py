@@ -31,7 +31,7 @@ def postgres(url: str | None, base_dir: Path) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from sqlsink.postgres.embedded import EmbeddedPostgres
+    from sqlsink.embedded import EmbeddedPostgres
 
     # the published figures were measured on PostgreSQL 16: keep runs comparable unless
     # SQLSINK_PG_VERSION asks for another (the embedded server would pick the newest)

@@ -61,8 +61,8 @@ from workload import COPY_TYPES, TABLE_DDL, make_rows
 
 from sqlsink.core.gid import Gid
 from sqlsink.postgres import views
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.schema import ensure_schema
+from sqlsink.tablename import TableName
 
 HERE = Path(__file__).resolve().parent
 TABLE = TableName("public", "view_cost_rows")

@@ -50,7 +50,7 @@ def example_main(doc: str, name: str, run: Run, argv: list[str] | None = None) -
     try:
         url = args.url
         if url is None:  # a throw-away server with max_prepared_transactions > 0
-            from sqlsink.postgres.embedded import EmbeddedPostgres
+            from sqlsink.embedded import EmbeddedPostgres
 
             server = EmbeddedPostgres().start()
             url = server.url()

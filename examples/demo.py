@@ -52,7 +52,7 @@ def run_demo(url: str | None) -> int:
     WORK.mkdir(parents=True)
     server = None
     if url is None:
-        from sqlsink.postgres.embedded import EmbeddedPostgres
+        from sqlsink.embedded import EmbeddedPostgres
 
         say("starting an embedded PostgreSQL (max_prepared_transactions = 64)")
         server = EmbeddedPostgres(WORK / "pg").start()

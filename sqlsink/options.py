@@ -16,9 +16,9 @@ from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S
 from sqlsink.core.gid import check_sink_id
 from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import ConfigError
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import with_params
 from sqlsink.postgres.credentials import DEFAULT_CACHE_S, PasswordSource
+from sqlsink.tablename import TableName
 
 
 class Mode(enum.Enum):
@@ -137,46 +137,16 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        problems = [
-            f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED
-        ]
-        problems += [f"option {KNOWN[k]} is required" for k in ("url", "table") if not opts.get(k)]
-        if problems:
-            known = ", ".join(sorted(KNOWN.values()))
-            raise ConfigError(f"sqlsink options: {'; '.join(problems)} (known options: {known})")
+        _check_names(opts)
         try:
             table = TableName.parse(opts["table"])
         except ValueError as exc:
             raise ConfigError(f"option table: {exc}") from None
         semantic = _choice("semantic", opts.get("semantic", "exactly_once"), Semantic)
         mode = _choice("mode", opts.get("mode", "append"), Mode)
-        keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
-        delete_column = opts.get("deletecolumn", "").strip() or None
-        if mode is not Mode.UPSERT and (keys or delete_column):
-            given = "keyColumns" if keys else "deleteColumn"
-            raise ConfigError(f"option {given} needs mode=upsert (mode is {mode.value})")
+        keys, delete_column = _upsert_columns(opts, mode)
         sink_id = opts.get("sinkid")
-        timeout = opts.get("transactiontimeout")
-        ratio = opts.get("transactiontimeoutwarningratio", "0.8")
-        try:
-            ratio_value = float(ratio)
-        except ValueError:
-            ratio_value = -1.0
-        if not 0 < ratio_value <= 1:
-            raise ConfigError(
-                f"option transactionTimeoutWarningRatio: {ratio!r} is not a number in (0, 1]"
-            )
-        ignore = _parse_bool(
-            "ignoreCommitFailuresAfterTransactionTimeout",
-            opts.get("ignorecommitfailuresaftertransactiontimeout", "false"),
-        )
-        if ignore and not timeout:
-            raise ConfigError(
-                "option ignoreCommitFailuresAfterTransactionTimeout needs transactionTimeout"
-            )
-        timeouts = TimeoutPolicy(
-            parse_duration("transactionTimeout", timeout) if timeout else None, ratio_value, ignore
-        )
+        timeouts = _timeouts(opts)
         view = _consistent_view(opts.get("consistentview", ""), table, semantic, mode)
         tls = {k: opts[k] for k in TLS_PARAMS if opts.get(k)}
         return cls(
@@ -207,6 +177,51 @@ class SinkOptions:
 
     def __repr__(self) -> str:  # never show the password, even in a debugger
         return f"SinkOptions(table={self.table}, sink_id={self.sink_id}, semantic={self.semantic})"
+
+
+def _check_names(opts: Mapping[str, str]) -> None:
+    """Refuse unknown options and missing required ones, all of them in one message."""
+    problems = [f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED]
+    problems += [f"option {KNOWN[k]} is required" for k in ("url", "table") if not opts.get(k)]
+    if problems:
+        known = ", ".join(sorted(KNOWN.values()))
+        raise ConfigError(f"sqlsink options: {'; '.join(problems)} (known options: {known})")
+
+
+def _upsert_columns(opts: Mapping[str, str], mode: Mode) -> tuple[tuple[str, ...], str | None]:
+    """The options keyColumns and deleteColumn, which only mode=upsert takes."""
+    keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
+    delete_column = opts.get("deletecolumn", "").strip() or None
+    if mode is not Mode.UPSERT and (keys or delete_column):
+        given = "keyColumns" if keys else "deleteColumn"
+        raise ConfigError(f"option {given} needs mode=upsert (mode is {mode.value})")
+    return keys, delete_column
+
+
+def _timeouts(opts: Mapping[str, str]) -> TimeoutPolicy:
+    """The options transactionTimeout, transactionTimeoutWarningRatio and
+    ignoreCommitFailuresAfterTransactionTimeout."""
+    timeout = opts.get("transactiontimeout")
+    ratio = opts.get("transactiontimeoutwarningratio", "0.8")
+    try:
+        ratio_value = float(ratio)
+    except ValueError:
+        ratio_value = -1.0
+    if not 0 < ratio_value <= 1:
+        raise ConfigError(
+            f"option transactionTimeoutWarningRatio: {ratio!r} is not a number in (0, 1]"
+        )
+    ignore = _parse_bool(
+        "ignoreCommitFailuresAfterTransactionTimeout",
+        opts.get("ignorecommitfailuresaftertransactiontimeout", "false"),
+    )
+    if ignore and not timeout:
+        raise ConfigError(
+            "option ignoreCommitFailuresAfterTransactionTimeout needs transactionTimeout"
+        )
+    return TimeoutPolicy(
+        parse_duration("transactionTimeout", timeout) if timeout else None, ratio_value, ignore
+    )
 
 
 def _password(opts: Mapping[str, str]) -> str | PasswordSource | None:

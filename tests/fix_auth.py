@@ -1,6 +1,6 @@
 """Servers that check who connects: password authentication (scram-sha-256), and TLS.
 
-Both are embedded servers of their own (``sqlsink.postgres.embedded``), started once per
+Both are embedded servers of their own (``sqlsink.embedded``), started once per
 test module that asks for them, with their own ``pg_hba.conf``:
 
 - ``password_server``: TCP logins of the role ``sink_app`` need its password
@@ -31,10 +31,10 @@ from psycopg import sql
 
 from sqlsink.core.committer import Committer
 from sqlsink.core.model import PartitionOutcome, TaskIdentity
+from sqlsink.embedded import EmbeddedPostgres, find_bindir
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import connect
-from sqlsink.postgres.embedded import EmbeddedPostgres, find_bindir
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import TargetPlan, plan_target
 
@@ -130,7 +130,7 @@ def _admin_socket_url(embedded: EmbeddedPostgres, dbname: str = "postgres") -> s
 def _bindirs() -> list[Path]:
     """The server binaries found, the newest first."""
     try:
-        from sqlsink.postgres.embedded import available_servers
+        from sqlsink.embedded import available_servers
     except ImportError:  # an embedded module that finds one server only
         return [find_bindir()]
     return [path for _, path in sorted(available_servers().items(), reverse=True)]

@@ -3,7 +3,7 @@ prepared-transaction guard.
 
 Where the server of the default leg comes from, in order: ``SQLSINK_TEST_URL``
 (must allow prepared transactions); testcontainers when a Docker engine answers;
-else an embedded server (``sqlsink.postgres.embedded``) started here with
+else an embedded server (``sqlsink.embedded``) started here with
 max_prepared_transactions, PostgreSQL 16 (the ``pgserver`` wheel) when present.
 The whole suite runs on that leg.
 
@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sqlsink.postgres.embedded import EmbeddedPostgres, available_servers, find_bindir, server_major
+from sqlsink.embedded import EmbeddedPostgres, available_servers, find_bindir, server_major
 
 TEST_DB = "sqlsink_test"
 SERVER_SETTINGS: dict[str, str | int] = {

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sqlsink.postgres.embedded import _unprivileged_user
+from sqlsink.embedded import _unprivileged_user
 
 ROOT = Path(__file__).resolve().parents[1]
 ENSURE_SCRIPT = ROOT / "scripts" / "ensure-pgbouncer.sh"

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import psycopg
 
-from sqlsink.postgres.embedded import EmbeddedPostgres
+from sqlsink.embedded import EmbeddedPostgres
 
 T = TypeVar("T")
 

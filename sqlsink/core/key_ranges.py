@@ -1,15 +1,15 @@
-"""The interleaved-key trap (README "Performance"): partitions that append interleaved
-ranges of an increasing key.
+"""The key-order trap (README "Benchmarks"): partitions that hand PostgreSQL their rows
+in random order of the table's key.
 
-Round-robin (``repartition(n)``) or hash partitions of a stream whose key increases
-(an id, a timestamp) each hold keys from the whole of the batch's range, all above
-the table's highest key. Every partition's session then inserts into the same
-rightmost leaf page of the key's b-tree and they queue on its lock: PostgreSQL
-inserts 2-3x slower than with one range per partition. Each partition reports the
-range of the key it wrote and whether all of it lies above the table's highest key
-when the batch was planned (``KeyRange``); the trap is two or more such ranges that
-overlap. Keys inserted inside the table's range (random keys, an upsert of old keys)
-spread over the index and are not the trap.
+``repartition(n)`` (round robin after Spark's local sort by row hash) gives each
+partition its rows in random key order, so each session inserts at random places of
+the key's b-tree: PostgreSQL spends 2-3x the CPU of rows in key order on it, even from
+one session (measured in ``benchmarks/trap.py``: 2.42 against 1.50 CPU-s per million
+rows through Spark; interleaved sessions that each send sorted keys cost what
+range-split ones do, so the order within a partition is what matters). Each partition
+reports the range of the key's first column it wrote and how often the key went down
+from one row to the next (``KeyRange``); the trap is a partition of some size whose key
+goes down often. Sorting within each partition by the key removes it without a shuffle.
 """
 
 from __future__ import annotations
@@ -18,33 +18,30 @@ from collections.abc import Sequence
 
 from sqlsink.core.model import PartitionOutcome
 
+MIN_ROWS = 1000  # smaller partitions cost little either way
+UNORDERED = 0.1  # the share of steps that go down from which a partition is "in random order"
 
-def interleaved(outcomes: Sequence[PartitionOutcome | None]) -> tuple[str, int] | None:
-    """(the key column, how many partitions overlap) when two or more partitions appended
-    overlapping ranges above the table's keys; None otherwise (or when not comparable)."""
-    given = [o.key_range for o in outcomes if o is not None and o.key_range is not None]
-    edge = [r for r in given if r.above_table and r.low is not None and r.high is not None]
-    if len(edge) < 2:
+
+def unordered(outcomes: Sequence[PartitionOutcome | None]) -> tuple[str, int, float] | None:
+    """(the key column, how many partitions, the largest share of steps down) when some
+    partition of at least ``MIN_ROWS`` rows wrote its key out of order; None otherwise."""
+    found = [
+        (r.column, r.descents / (r.rows - 1))
+        for o in outcomes
+        if o is not None and (r := o.key_range) is not None and r.rows >= MIN_ROWS
+        if r.descents / (r.rows - 1) >= UNORDERED
+    ]
+    if not found:
         return None
-    overlapping = 0
-    try:
-        edge.sort(key=lambda r: r.low)
-        highest = edge[0].high
-        for current in edge[1:]:
-            if current.low <= highest:
-                overlapping += 1
-            highest = max(highest, current.high)
-    except TypeError:  # keys of types that do not compare: say nothing
-        return None
-    return (edge[0].column, overlapping + 1) if overlapping else None
+    return found[0][0], len(found), max(share for _, share in found)
 
 
-def trap_warning(sink_id: str, batch_id: int, column: str, partitions: int) -> str:
+def trap_warning(sink_id: str, batch_id: int, column: str, partitions: int, share: float) -> str:
     return (
-        f"sqlsink {sink_id}: batch {batch_id}: {partitions} partitions appended interleaved "
-        f"ranges of the key {column!r} above the table's highest key, so their inserts all go "
-        "to the same index page and queue on its lock (PostgreSQL inserts 2-3x slower). "
-        f"Fix: partition by range before the sink, df.repartitionByRange(n, {column!r}) "
-        "instead of df.repartition(n) (the foreachBatch writer range-partitions by the key "
-        "by default). Shown once per driver"
+        f"sqlsink {sink_id}: batch {batch_id}: {partitions} partition(s) wrote their rows in "
+        f"random order of the key {column!r} ({share:.0%} of consecutive rows go down), so "
+        "PostgreSQL inserts each at a random place of the key's index, which costs it 2-3x "
+        "the CPU of rows in key order. Fix: df.sortWithinPartitions("
+        f"{column!r}) before the sink (no shuffle), or df.repartitionByRange(n, {column!r}) "
+        "(the foreachBatch writer sorts by the key by default). Shown once per driver"
     )

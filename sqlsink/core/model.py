@@ -10,12 +10,13 @@ from typing import Any
 @dataclass(frozen=True)
 class KeyRange:
     """The range of the table key's first column that one partition wrote (the
-    interleaved-key trap, core/key_ranges.py)."""
+    key-order trap, core/key_ranges.py)."""
 
     column: str
     low: Any
     high: Any
-    above_table: bool  # every key above the table's highest when the batch was planned
+    rows: int  # rows with a key
+    descents: int  # how many times the key went down from one row to the next
 
 
 @dataclass(frozen=True)

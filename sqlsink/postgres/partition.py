@@ -33,13 +33,14 @@ from sqlsink.errors import ConfigError, SqlsinkError, TransientError, WriteError
 from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.postgres import appnames, commit_log
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.catalog import TableName, TargetColumn
+from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
 from sqlsink.postgres.schema import privilege_error
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.postgres.upsert import ORDINAL
+from sqlsink.tablename import TableName
 
 
 def write_partition(
@@ -222,42 +223,47 @@ def _numbered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 class _Counter(Iterator[pa.RecordBatch]):
-    """Counts the rows that pass, and the range of the key's first column among them."""
+    """Counts the rows that pass, and the range and order of the key's first column among
+    them (the key-order trap, core/key_ranges.py)."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch], target: TargetPlan) -> None:
         self.batches = batches
         self.rows = 0
         self.column = target.key[0] if target.key else None
-        self.edge = target.key_edge
         self.low: Any = None
         self.high: Any = None
+        self.keyed = 0
+        self.descents = 0
+        self.last: Any = None
 
     def __next__(self) -> pa.RecordBatch:
         batch = next(self.batches)
         self.rows += batch.num_rows
         if self.column is not None and batch.num_rows:
-            self._widen(batch)
+            self._observe(batch)
         return batch
 
-    def _widen(self, batch: pa.RecordBatch) -> None:
+    def _observe(self, batch: pa.RecordBatch) -> None:
         try:
-            found = pc.min_max(batch.column(self.column))
-            low, high = found["min"].as_py(), found["max"].as_py()
-            if low is None:
+            keys = batch.column(self.column).drop_null()
+            if not len(keys):
                 return
+            found = pc.min_max(keys)
+            low, high = found["min"].as_py(), found["max"].as_py()
             self.low = low if self.low is None else min(self.low, low)
             self.high = high if self.high is None else max(self.high, high)
+            down = pc.sum(pc.less(keys[1:], keys[:-1])).as_py() if len(keys) > 1 else 0
+            first = keys[0].as_py()
+            self.descents += int(down or 0) + int(self.last is not None and first < self.last)
+            self.last = keys[-1].as_py()
+            self.keyed += len(keys)
         except (KeyError, TypeError, pa.ArrowException):  # not comparable: no range
             self.column = None
 
     def key_range(self) -> KeyRange | None:
         if self.column is None or self.low is None:
             return None
-        try:
-            above = self.edge is None or self.low > self.edge
-        except TypeError:
-            return None
-        return KeyRange(self.column, self.low, self.high, above)
+        return KeyRange(self.column, self.low, self.high, self.keyed, self.descents)
 
 
 def _rollback_quietly(conn: Connection) -> None:

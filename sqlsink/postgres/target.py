@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from psycopg import sql
 from sqlalchemy.dialects import postgresql
 
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, SinkOptions
-from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns, unique_keys
+from sqlsink.postgres.catalog import TargetColumn, table_columns, unique_keys
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.upsert import BOOL_OID, UpsertPlan
+from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,10 +30,6 @@ class TargetPlan:
     # the table's key, as far as the DataFrame writes it: the upsert's key, else the
     # primary key (() when there is none): the foreachBatch writer range-partitions by it
     key: tuple[str, ...] = ()
-    # the table's highest value of the key's first column when the batch was planned
-    # (None: an empty table, or no key): the partitions report whether they wrote above
-    # it (the interleaved-key trap, core/key_ranges.py)
-    key_edge: Any = None
 
 
 def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column[object]]) -> None:
@@ -73,7 +69,7 @@ def plan_target(
     if options.mode is Mode.UPSERT:
         upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
         problems += more
-    key, edge = _ordering_key(conn, options, upsert, pairs)
+    key = _ordering_key(conn, options, upsert, pairs)
     if arrow_schema is not None:
         problems += _type_problems(arrow_schema, pairs)
     if problems:
@@ -81,7 +77,7 @@ def plan_target(
             f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
             "select/rename the DataFrame's columns to the table's, or alter the table"
         )
-    return TargetPlan(table, tuple(matched), upsert, key, edge)
+    return TargetPlan(table, tuple(matched), upsert, key)
 
 
 def _match(
@@ -122,10 +118,9 @@ def _ordering_key(
     options: SinkOptions,
     upsert: UpsertPlan | None,
     pairs: list[tuple[str, TargetColumn]],
-) -> tuple[tuple[str, ...], Any]:
-    """The table's key in the DataFrame's spelling (the upsert's key, else the primary
-    key; () unless the DataFrame writes all of it) and the table's highest value of its
-    first column now (the interleaved-key trap)."""
+) -> tuple[str, ...]:
+    """The table's key in the DataFrame's spelling: the upsert's key, else the primary
+    key; () unless the DataFrame writes all of it."""
     if options.mode is Mode.UPSERT:
         key = upsert.keys if upsert is not None else ()
     else:
@@ -133,15 +128,8 @@ def _ordering_key(
         key = primary[0] if primary else ()
     spelled = {column.name: name for name, column in pairs}
     if not key or not all(k in spelled for k in key):
-        return (), None
-    return tuple(spelled[k] for k in key), _highest(conn, options.table, key[0])
-
-
-def _highest(conn: Connection, table: TableName, column: str) -> Any:
-    """max() of a key's leading column: one descent of its unique index."""
-    statement = sql.SQL("SELECT max({}) FROM {}").format(sql.Identifier(column), table.identifier())
-    row = conn.execute(statement).fetchone()
-    return None if row is None else row[0]
+        return ()
+    return tuple(spelled[k] for k in key)
 
 
 def _type_problems(arrow_schema: pa.Schema, pairs: list[tuple[str, TargetColumn]]) -> list[str]:

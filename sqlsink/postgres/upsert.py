@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from sqlsink.postgres.catalog import TableName, TargetColumn
+from sqlsink.postgres.catalog import TargetColumn
+from sqlsink.tablename import TableName
 
 ORDINAL = "__sqlsink_ord"
 BIGINT_OID, BOOL_OID = 20, 16

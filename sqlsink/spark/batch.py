@@ -90,7 +90,7 @@ class Batch:
         if str(options.table) not in self.tables:
             self.tables.append(str(options.table))
         from sqlsink.spark.parts import (
-            by_key_ranges,
+            by_key,
             capped,
             check_slots,
             one_partition,
@@ -103,8 +103,8 @@ class Batch:
             df = one_partition(df)
         else:
             df = capped(df, options)
-            if writer.range_partition and target.key:
-                df = by_key_ranges(df, target.key, options)
+            if writer.order_by_key and target.key:
+                df = by_key(df, target.key, options)
         self.planned += check_slots(df, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
         written = prepare_part(df, options, target, self.identity, self.batch_id, part)
@@ -112,11 +112,11 @@ class Batch:
         self._check_key_ranges(written)
 
     def _check_key_ranges(self, written: list[PartitionOutcome | None]) -> None:
-        """The interleaved-key trap, per DataFrame (with range_partition=False, or a
-        DataFrame the writer could not range by its key): said once per writer."""
-        from sqlsink.core.key_ranges import interleaved, trap_warning
+        """The key-order trap, per DataFrame (with order_by_key=False, or a table whose
+        key the DataFrame does not write): said once per writer."""
+        from sqlsink.core.key_ranges import trap_warning, unordered
 
-        found = None if self.writer.trap_warned else interleaved(written)
+        found = None if self.writer.trap_warned else unordered(written)
         if found is not None:
             log.warning(trap_warning(self.writer.sink_id, self.batch_id, *found))
             self.writer.trap_warned = True

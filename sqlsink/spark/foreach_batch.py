@@ -70,10 +70,11 @@ class ForeachBatchWriter:
 
     - ``checkpoint_location``: the query's checkpoint, for the checkpoint check (else
       read from the running query where this Spark offers it, else not checked);
-    - ``range_partition``: when the table has a primary key (or the upsert's key), each
-      DataFrame is range-partitioned by it before writing, as many partitions as it had
-      (round-robin partitions interleave increasing keys, and PostgreSQL's inserts then
-      queue on one index page: README "Performance"); False writes the partitions as given;
+    - ``order_by_key``: when the table has a primary key (or the upsert's key), each
+      DataFrame is sorted by it within each partition before writing (upsert: also
+      range-partitioned by it, so that a key is in one partition); ``repartition(n)``
+      hands partitions their rows in random key order, which costs PostgreSQL 2-3x the
+      CPU to insert (README "Benchmarks"); False writes the partitions as given;
     - ``query_id``: the streaming query's id, for launch paths where Spark's local
       properties are not readable (e.g. Spark Connect); inside a classic foreachBatch
       it must match Spark's, and is not needed;
@@ -91,7 +92,7 @@ class ForeachBatchWriter:
         sink_id: str,
         checkpoint_location: str | None = None,
         query_id: str | None = None,
-        range_partition: bool = True,
+        order_by_key: bool = True,
         **options: str,
     ) -> None:
         from sqlsink.core.gid import check_sink_id
@@ -102,8 +103,8 @@ class ForeachBatchWriter:
         self.sink_id = check_sink_id(sink_id)
         self.checkpoint_location = checkpoint_location
         self.query_id = query_id
-        self.range_partition = range_partition
-        self.trap_warned = False  # the interleaved-key trap is said once per writer
+        self.order_by_key = order_by_key
+        self.trap_warned = False  # the key-order trap is said once per writer
         reserved = {"url", "table", "sinkid", "mode", "keycolumns", "deletecolumn"}
         given = sorted(k for k in options if k.lower() in reserved)
         if given:

@@ -1,4 +1,4 @@
-"""Advice the driver logs once, not at every batch: the interleaved-key trap."""
+"""Advice the driver logs once, not at every batch: the key-order trap."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlsink.core.key_ranges import interleaved, trap_warning
+from sqlsink.core.key_ranges import trap_warning, unordered
 from sqlsink.core.model import PartitionOutcome
 
 log = logging.getLogger("sqlsink")
@@ -34,9 +34,8 @@ def warn_once(token: str, message: str) -> bool:
 def check_key_ranges(
     token: str, sink_id: str, batch_id: int, outcomes: Sequence[PartitionOutcome | None]
 ) -> bool:
-    """Warn (once per token) when the batch's partitions fell into the interleaved-key trap."""
-    found = interleaved(outcomes)
+    """Warn (once per token) when the batch's partitions fell into the key-order trap."""
+    found = unordered(outcomes)
     if found is None:
         return False
-    column, partitions = found
-    return warn_once(f"{token}:interleaved", trap_warning(sink_id, batch_id, column, partitions))
+    return warn_once(f"{token}:key-order", trap_warning(sink_id, batch_id, *found))

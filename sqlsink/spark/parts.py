@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
-from sqlsink.options import SinkOptions
+from sqlsink.options import Mode, SinkOptions
 
 if TYPE_CHECKING:
     from sqlsink.postgres.target import TargetPlan
@@ -35,21 +35,25 @@ def capped(df: Any, options: SinkOptions) -> Any:
     return df.coalesce(cap)
 
 
-def by_key_ranges(df: Any, key: Sequence[str], options: SinkOptions) -> Any:
-    """Range-partition by the table's key (issue 16's interleaved-key trap): round-robin
-    partitions (``repartition(n)``) interleave increasing keys, so every partition's
-    session inserts into the same rightmost b-tree leaf and they queue on its lock.
-    Ranges give each session its own part of the index. The same number of partitions
-    (Spark samples the key once to cut the ranges); one partition stays as it is."""
+def by_key(df: Any, key: Sequence[str], options: SinkOptions) -> Any:
+    """Rows in key order within each partition (the key-order trap, core/key_ranges.py):
+    ``repartition(n)`` hands each partition its rows in random key order, and inserting
+    them at random places of the key's index costs PostgreSQL 2-3x the CPU of key order
+    (``benchmarks/trap.py``). Append: sorted within each partition, no shuffle. Upsert:
+    also range-partitioned by the key first (as many partitions as before), so that all
+    rows of a key are in one partition and no two prepared transactions of the batch
+    lock the same row."""
+    if options.mode is not Mode.UPSERT:
+        return df.sortWithinPartitions(*key)
     try:
         partitions = int(df.rdd.getNumPartitions())
     except Exception:  # Spark Connect has no RDDs: Spark's shuffle partitions, then the cap
         ranged = df.repartitionByRange(*key)
         cap = options.max_partitions
-        return ranged.coalesce(cap) if cap is not None else ranged
-    if partitions <= 1:
-        return df
-    return df.repartitionByRange(partitions, *key)
+        return (ranged.coalesce(cap) if cap is not None else ranged).sortWithinPartitions(*key)
+    if partitions > 1:
+        df = df.repartitionByRange(partitions, *key)
+    return df.sortWithinPartitions(*key)
 
 
 def one_partition(df: Any) -> Any:

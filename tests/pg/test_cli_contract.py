@@ -38,9 +38,9 @@ from sqlsink.cli.contract import (
 from sqlsink.core.checkpoint_check import Verdict
 from sqlsink.postgres import checkpoint_records, run_registry, views
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.locks import sink_lock
 from sqlsink.postgres.schema import ensure_schema
+from sqlsink.tablename import TableName
 from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
 from tests.pg.test_cli import (
     RUN,

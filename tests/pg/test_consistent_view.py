@@ -28,7 +28,7 @@ from sqlsink.errors import ConfigError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres import views
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.catalog import TableName
+from sqlsink.tablename import TableName
 from tests.pg.protocol import Writer, make_table, prepared_of
 
 Conn = psycopg.Connection[tuple[Any, ...]]

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 
 from sqlsink.errors import ConfigError, WriteError
-from sqlsink.postgres.catalog import TableName, TargetColumn, table_columns
+from sqlsink.postgres.catalog import TargetColumn, table_columns
 from sqlsink.postgres.encoding import (
     COPY_HEADER,
     COPY_TRAILER,
@@ -26,6 +26,7 @@ from sqlsink.postgres.encoding import (
     build_encoder,
     write_batches,
 )
+from sqlsink.tablename import TableName
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 D = decimal.Decimal

@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import TransientError
-from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.pg.protocol import Writer, ids_of, make_table, new_sink, prepared_of
 
 

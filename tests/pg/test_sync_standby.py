@@ -21,10 +21,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import CommitError, TransientError
 from sqlsink.postgres import checks
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.pg.protocol import Writer, new_sink, prepared_of
 
 pytestmark = pytest.mark.crash  # a server of its own, set to hang every commit

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from sqlsink import embedded
+from sqlsink.embedded import available_servers, find_bindir, server_major
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import embedded
-from sqlsink.postgres.embedded import available_servers, find_bindir, server_major
 from sqlsink.postgres.versions import has_transaction_timeout
 from tests.fix_pg import PgServer
 

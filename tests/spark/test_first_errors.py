@@ -22,8 +22,8 @@ import psycopg
 import pytest
 
 import sqlsink
+from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import ConfigError
-from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.spark.streams import SCHEMA, start_query, table_ids, write_source
 
 pytestmark = pytest.mark.spark

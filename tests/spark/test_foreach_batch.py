@@ -14,8 +14,8 @@ from psycopg import sql
 
 import sqlsink
 from sqlsink.core.gid import Gid
+from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import ConfigError, SinkBindingError
-from sqlsink.postgres.embedded import EmbeddedPostgres
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.fb_windows import WINDOWS, TwoTables, killed_at, restarted
 from tests.spark.streams import SCHEMA, decided_batches, table_ids, write_source

@@ -1,6 +1,7 @@
-"""The interleaved-key trap (issue 16): partitions that append interleaved ranges of an
-increasing key queue on one index page. The foreachBatch writer range-partitions by the
-key by default; both entry points warn once, with the fix, when a batch fell into it."""
+"""The key-order trap (issue 16): repartition(n) hands each partition its rows in random
+key order, which costs PostgreSQL 2-3x the CPU to insert (benchmarks/trap.py). The
+foreachBatch writer sorts each partition by the key by default; both entry points warn
+once, with the fix, when a batch's partitions wrote their keys out of order."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.programs import run_program
 from tests.spark.streams import SCHEMA, table_ids, write_source
 
 pytestmark = pytest.mark.spark
-ADVICE = "partitions appended interleaved ranges of the key 'id' above the table's highest key"
+ADVICE = "partition(s) wrote their rows in random order of the key 'id'"
 
 
 def keyed_table(url: str, table: str) -> None:
@@ -33,34 +34,34 @@ def keyed_table(url: str, table: str) -> None:
         )
 
 
-def ranges_by_transaction(url: str, table: str) -> list[tuple[int, int, int]]:
+def order_by_transaction(url: str, table: str) -> list[list[int]]:
+    """Each transaction's ids in the order they were inserted (ctid order in a fresh table)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            sql.SQL(
-                "SELECT min(id), max(id), count(*) FROM {} GROUP BY xmin::text ORDER BY 1"
-            ).format(sql.Identifier(table))
+            sql.SQL("SELECT xmin::text, id FROM {} ORDER BY ctid").format(sql.Identifier(table))
         ).fetchall()
-    return [(int(a), int(b), int(c)) for a, b, c in rows]
+    by_xid: dict[str, list[int]] = {}
+    for xid, key in rows:
+        by_xid.setdefault(str(xid), []).append(int(key))
+    return list(by_xid.values())
 
 
-@pytest.mark.parametrize("ranged", [True, False])
-def test_the_foreach_batch_writer_ranges_by_the_key_or_warns_once(
+@pytest.mark.parametrize("ordered", [True, False])
+def test_the_foreach_batch_writer_sorts_by_the_key_or_warns_once(
     spark: Any,
     tmp_path: Path,
     pg_url: str,
     table: str,
-    ranged: bool,
+    ordered: bool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Round-robin partitions (the stream's repartition(2)) interleave the keys; by default
-    the writer range-partitions by the primary key first, so each partition's transaction
-    writes one range (no two overlap) and nothing is said; range_partition=False keeps
-    the round-robin partitions, whose ranges overlap: the warning, once for two batches."""
+    """Round-robin partitions (the stream's repartition(2)) come in random key order; by
+    default the writer sorts each partition by the primary key, so each transaction
+    inserts its ids in ascending order and nothing is said; order_by_key=False writes
+    them as they come: out of order, and the warning, once for two batches."""
     keyed_table(pg_url, table)
-    writer = sqlsink.ForeachBatchWriter(
-        url=pg_url, sink_id=f"fb-{table[2:]}", range_partition=ranged
-    )
-    write_source(tmp_path / "src", [range(0, 400), range(400, 800)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", order_by_key=ordered)
+    write_source(tmp_path / "src", [range(0, 3000), range(3000, 6000)])
     events = (
         spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "src"))
     )
@@ -74,22 +75,23 @@ def test_the_foreach_batch_writer_ranges_by_the_key_or_warns_once(
     )
     query.awaitTermination()
     assert query.exception() is None
-    assert table_ids(pg_url, table) == list(range(800))
-    ranges = ranges_by_transaction(pg_url, table)
-    assert len(ranges) == 4 and sum(n for _, _, n in ranges) == 800
-    first, second = sorted(ranges)[:2]  # batch 0's two partitions
-    assert (first[1] < second[0]) is ranged
+    assert table_ids(pg_url, table) == list(range(6000))
+    transactions = order_by_transaction(pg_url, table)
+    assert len(transactions) == 4 and sum(len(ids) for ids in transactions) == 6000
+    assert all((ids == sorted(ids)) is ordered for ids in transactions)
     said = [r.getMessage() for r in caplog.records if ADVICE in r.getMessage()]
-    if ranged:
+    if ordered:
         assert said == []
     else:
-        assert said == [
-            f"sqlsink fb-{table[2:]}: batch 0: 2 {ADVICE}, so their inserts all go to the "
-            "same index page and queue on its lock (PostgreSQL inserts 2-3x slower). Fix: "
-            "partition by range before the sink, df.repartitionByRange(n, 'id') instead of "
-            "df.repartition(n) (the foreachBatch writer range-partitions by the key by "
+        (message,) = said
+        assert message.startswith(f"sqlsink fb-{table[2:]}: batch 0: 2 {ADVICE} (")
+        assert message.endswith(
+            "of consecutive rows go down), so PostgreSQL inserts each at a random place of "
+            "the key's index, which costs it 2-3x the CPU of rows in key order. Fix: "
+            "df.sortWithinPartitions('id') before the sink (no shuffle), or "
+            "df.repartitionByRange(n, 'id') (the foreachBatch writer sorts by the key by "
             "default). Shown once per driver"
-        ]
+        )
 
 
 def test_the_data_source_warns_once_per_driver(tmp_path: Path, pg_url: str) -> None:
@@ -97,16 +99,16 @@ def test_the_data_source_warns_once_per_driver(tmp_path: Path, pg_url: str) -> N
     (three batches, one warning), in the driver's own output."""
     table = f"t_{uuid.uuid4().hex[:10]}"
     keyed_table(pg_url, table)
-    write_source(tmp_path / "src", [range(0, 300), range(300, 600), range(600, 900)])
+    write_source(tmp_path / "src", [range(0, 3000), range(3000, 6000), range(6000, 9000)])
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("SQLSINK_FAULTS_FILE", None)
     args = [str(tmp_path / "src"), str(tmp_path / "chk"), pg_url, table]
     try:
         run = run_program("-m", "tests.spark.crash_driver", *args, timeout=420, env=env)
-        assert table_ids(pg_url, table) == list(range(900))
+        assert table_ids(pg_url, table) == list(range(9000))
         said = [line for line in run.stderr.splitlines() if ADVICE in line]
         assert len(said) == 1, run.stderr[-4000:]
-        assert "df.repartitionByRange(n, 'id') instead of df.repartition(n)" in said[0]
+        assert "Fix: df.sortWithinPartitions('id') before the sink (no shuffle)" in said[0]
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))

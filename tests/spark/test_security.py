@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sqlsink.postgres.embedded import find_bindir
+from sqlsink.embedded import find_bindir
 from tests.fix_pg import PgServer, prepared_transactions
 
 pytestmark = pytest.mark.spark

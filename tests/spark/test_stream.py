@@ -234,7 +234,7 @@ def test_password_never_appears_in_errors_or_plans(
 def test_prepared_transactions_disabled_fails_before_writing(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sqlsink.postgres.embedded import EmbeddedPostgres
+    from sqlsink.embedded import EmbeddedPostgres
 
     with EmbeddedPostgres(settings={"max_prepared_transactions": 0}) as server:
         write_source(tmp_path / "src", [range(0, 5)])

@@ -1,50 +1,41 @@
-"""The interleaved-key trap's rule (sqlsink/core/key_ranges.py), without Spark or a server."""
+"""The key-order trap's rule (sqlsink/core/key_ranges.py), without Spark or a server."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from sqlsink.core.key_ranges import interleaved
+from sqlsink.core.key_ranges import MIN_ROWS, trap_warning, unordered
 from sqlsink.core.model import KeyRange, PartitionOutcome
 
 
 def outcome(partition: int, key_range: KeyRange | None) -> PartitionOutcome:
+    rows = key_range.rows if key_range else 0
     return PartitionOutcome(
-        "s", 0, partition, f"g{partition}", 10, False, "q", "r", 0.0, 1.0, key_range
+        "s", 0, partition, f"g{partition}", rows, False, "q", "r", 0.0, 1.0, key_range
     )
 
 
-def test_overlapping_ranges_above_the_table_are_the_trap() -> None:
-    found = interleaved(
+def test_a_partition_whose_key_goes_down_often_is_the_trap() -> None:
+    found = unordered(
         [
-            outcome(0, KeyRange("id", 100, 199, True)),
-            outcome(1, KeyRange("id", 101, 198, True)),
-            outcome(2, KeyRange("id", 102, 200, True)),
+            outcome(0, KeyRange("id", 0, 9_999, 5_000, 2_490)),  # random order: ~50% down
+            outcome(1, KeyRange("id", 1, 9_998, 5_000, 2_510)),
+            outcome(2, KeyRange("id", 10_000, 14_999, 5_000, 0)),  # sorted
         ]
     )
-    assert found == ("id", 3)
-
-
-def test_disjoint_ranges_one_partition_or_keys_inside_the_table_are_not() -> None:
-    assert (
-        interleaved(
-            [outcome(0, KeyRange("id", 0, 99, True)), outcome(1, KeyRange("id", 100, 199, True))]
-        )
-        is None
+    assert found is not None
+    column, partitions, share = found
+    assert (column, partitions) == ("id", 2) and 0.50 < share < 0.51
+    assert "2 partition(s) wrote their rows in random order of the key 'id' (50% of" in (
+        trap_warning("s", 3, column, partitions, share)
     )
-    assert interleaved([outcome(0, KeyRange("id", 0, 99, True)), None, outcome(2, None)]) is None
-    inside = [outcome(0, KeyRange("id", 0, 99, False)), outcome(1, KeyRange("id", 5, 90, False))]
-    assert interleaved(inside) is None  # random keys spread over the index
 
 
-def test_timestamps_compare_and_mixed_types_say_nothing() -> None:
-    t = [datetime(2026, 1, 1, 0, 0, s, tzinfo=timezone.utc) for s in range(4)]
-    assert interleaved(
-        [outcome(0, KeyRange("ts", t[0], t[2], True)), outcome(1, KeyRange("ts", t[1], t[3], True))]
-    ) == ("ts", 2)
-    assert (
-        interleaved(
-            [outcome(0, KeyRange("k", 1, 5, True)), outcome(1, KeyRange("k", "a", "z", True))]
-        )
-        is None
-    )
+def test_sorted_partitions_small_ones_and_none_are_not() -> None:
+    # interleaved ranges whose rows each come in key order cost what range-split ones do
+    sorted_interleaved = [
+        outcome(0, KeyRange("id", 0, 9_998, 5_000, 0)),
+        outcome(1, KeyRange("id", 1, 9_999, 5_000, 3)),
+    ]
+    assert unordered(sorted_interleaved) is None
+    small = [outcome(0, KeyRange("id", 0, 99, MIN_ROWS - 1, MIN_ROWS // 2))]
+    assert unordered(small) is None
+    assert unordered([None, outcome(1, None)]) is None

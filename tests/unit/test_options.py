@@ -5,8 +5,8 @@ import pytest
 
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id, parse_duration
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import conninfo, redact, scrub, without_password
+from sqlsink.tablename import TableName
 
 
 def test_options_are_case_insensitive_with_defaults() -> None:

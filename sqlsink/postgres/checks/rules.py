@@ -172,15 +172,6 @@ def _prepared_slots(
             source,
             "not needed: only semantic=exactly_once prepares transactions",
         )
-
-    def fix(n: int) -> str:
-        if s.source == "command line":
-            return (
-                f"restart PostgreSQL with -c max_prepared_transactions={n} (it is set on the "
-                "server's command line, which ALTER SYSTEM does not override)"
-            )
-        return f"ALTER SYSTEM SET max_prepared_transactions = {n}; -- then restart PostgreSQL"
-
     if slots == 0:
         return Finding(
             ERROR,
@@ -191,9 +182,39 @@ def _prepared_slots(
             f"to at least {needed} and restart PostgreSQL (exactly-once writes end each "
             "partition's transaction with PREPARE TRANSACTION, which fails while it is 0; "
             "or use the option semantic=at_least_once)",
-            fix(needed),
+            _slots_fix(s, needed),
         )
-    if partitions and slots < partitions:
+    if partitions:
+        short = _slots_short_of(s, source, slots, partitions, in_use)
+        if short is not None:
+            return short
+    usage = f"{in_use} of {slots} in use now, cluster-wide"
+    compared = f"at least 2 x the {partitions} partitions of a batch" if partitions else "above 0"
+    return Finding(
+        OK,
+        s.name,
+        s.value,
+        source,
+        f"prepared transactions are enabled: {compared} ({usage}); {PER_PARTITION}",
+    )
+
+
+def _slots_fix(s: Setting, n: int) -> str:
+    """The fix that gives max_prepared_transactions ``n`` slots, where ``s`` is set."""
+    if s.source == "command line":
+        return (
+            f"restart PostgreSQL with -c max_prepared_transactions={n} (it is set on the "
+            "server's command line, which ALTER SYSTEM does not override)"
+        )
+    return f"ALTER SYSTEM SET max_prepared_transactions = {n}; -- then restart PostgreSQL"
+
+
+def _slots_short_of(
+    s: Setting, source: str, slots: int, partitions: int, in_use: int
+) -> Finding | None:
+    """Too few prepared-transaction slots (or too few free) for a batch's partitions."""
+    needed = prepared_slots_needed(partitions)
+    if slots < partitions:
         return Finding(
             ERROR,
             s.name,
@@ -204,10 +225,10 @@ def _prepared_slots(
             f"commit; set it to at least {needed} (2 x partitions) and restart PostgreSQL, "
             f"or write fewer partitions per batch (option maxPartitions={slots // 2 or 1}, "
             "or df.coalesce(n))",
-            fix(needed),
+            _slots_fix(s, needed),
         )
     usage = f"{in_use} of {slots} in use now, cluster-wide"
-    if partitions and slots < 2 * partitions:
+    if slots < 2 * partitions:
         return Finding(
             WARNING,
             s.name,
@@ -218,9 +239,9 @@ def _prepared_slots(
             "leftovers and other users of the cluster-wide slots need headroom, and a "
             "partition that finds no free slot fails its batch; or cap a batch's "
             f"partitions with the option maxPartitions={max(slots // 2, 1)}",
-            fix(needed),
+            _slots_fix(s, needed),
         )
-    if partitions and slots - in_use < partitions:
+    if slots - in_use < partitions:
         return Finding(
             WARNING,
             s.name,
@@ -232,14 +253,7 @@ def _prepared_slots(
             "sqlsink status / sqlsink recover to resolve the sink's leftovers (others: see "
             "pg_prepared_xacts)",
         )
-    compared = f"at least 2 x the {partitions} partitions of a batch" if partitions else "above 0"
-    return Finding(
-        OK,
-        s.name,
-        s.value,
-        source,
-        f"prepared transactions are enabled: {compared} ({usage}); {PER_PARTITION}",
-    )
+    return None
 
 
 def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Required) -> Finding:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from sqlsink.postgres.catalog import TableName
+from sqlsink.tablename import TableName
 
 FORMAT = 2  # of the definition: a view of an older format is replaced
 SCHEMA_VERSION = 5  # the commit log's version whose markers record their xid

@@ -12,7 +12,6 @@ from psycopg import sql
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.views.definition import (
     FORMAT,
@@ -23,6 +22,7 @@ from sqlsink.postgres.views.definition import (
     parse_comment,
     quoted,
 )
+from sqlsink.tablename import TableName
 
 log = logging.getLogger("sqlsink")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlsink.postgres.catalog import TableName
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version
 from sqlsink.postgres.views.definition import SCHEMA_VERSION, parse_comment
+from sqlsink.tablename import TableName
 
 # -- what status and check show -------------------------------------------------------------
 
