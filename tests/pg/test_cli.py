@@ -347,6 +347,15 @@ def test_data_loss_is_exit_3_naming_batch_and_partition(db: Db) -> None:
 # -- liveness -----------------------------------------------------------------------------
 
 
+def advisory_waiters(db: Db) -> int:
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_recover_waits_for_the_sink_lock_and_refuses_when_it_stays_held(db: Db) -> None:
     gid = prepare(db, "a", 0, 0, range(3))  # of a run the commit log does not know: dead
     with db.connect() as holder:  # a committer of sink a in the middle of a commit
@@ -372,8 +381,12 @@ def test_recover_waits_for_the_sink_lock_and_refuses_when_it_stays_held(db: Db) 
             [sys.executable, "-m", "sqlsink", *command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
-        time.sleep(1.0)
-        assert proc.poll() is None, proc.communicate()
+        # until its session waits for the lock (a fixed sleep lost to a slow start under load)
+        deadline = time.monotonic() + 60
+        while not advisory_waiters(db):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "recover never waited for the sink's lock"
+            time.sleep(0.05)
         assert db.gids() == {gid}
         holder.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key("a"),))
         out, err = proc.communicate(timeout=30)
