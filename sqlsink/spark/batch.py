@@ -76,6 +76,10 @@ class Batch:
             raise ConfigError(f"a batch holds at most {MAX_PART + 1} DataFrames")
         writer = self.writer
         if self.identity is None:
+            from sqlsink.spark.support import is_connect, require_foreach_batch
+
+            if is_connect(df.sparkSession):  # the function runs on the Connect server
+                require_foreach_batch(connect=True)
             self.identity = writer.identity(df.sparkSession, self.batch_id)
             self._check_writer()
         options = writer.sink_options(
@@ -94,18 +98,20 @@ class Batch:
             capped,
             check_slots,
             one_partition,
+            partition_count,
             prepare_part,
         )
         from sqlsink.spark.plan import plan_write
 
         target = plan_write(options, df.schema, options.sink_id or "")
+        count = partition_count(df)
         if options.mode is Mode.REPLACE:
-            df = one_partition(df)
+            df, count = one_partition(df, count), 1
         else:
-            df = capped(df, options)
+            df, count = capped(df, options, count)
             if writer.order_by_key and target.key:
-                df = by_key(df, target.key, options)
-        self.planned += check_slots(df, options, self.planned, self.batch_id)
+                df = by_key(df, target.key, options, count)
+        self.planned += check_slots(count, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
         written = prepare_part(df, options, target, self.identity, self.batch_id, part)
         self.outcomes += written

@@ -19,68 +19,67 @@ if TYPE_CHECKING:
 _OUTCOME_SCHEMA = "outcome binary"
 
 
-def capped(df: Any, options: SinkOptions) -> Any:
+def partition_count(df: Any) -> int | None:
+    """The DataFrame's partitions; None where Spark does not say (Spark Connect has no
+    RDDs). Asked once per DataFrame, before it is reshaped: the RDD of a range-partitioned
+    DataFrame would run the sampling job just to answer."""
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:  # Spark Connect: no RDD
+        return None
+
+
+def capped(df: Any, options: SinkOptions, count: int | None) -> tuple[Any, int | None]:
     """Option maxPartitions: each non-empty partition takes a connection and a
     prepared-transaction slot, so the DataFrame is coalesced to at most that many
     partitions (no shuffle; the work before it runs in as many tasks, which
-    ``repartition(n)`` before the write avoids when it needs more)."""
+    ``repartition(n)`` before the write avoids when it needs more). Returns it with its
+    partition count (None: unknown)."""
     cap = options.max_partitions
-    if cap is None:
-        return df
-    try:
-        if int(df.rdd.getNumPartitions()) <= cap:
-            return df
-    except Exception:  # Spark Connect has no RDDs: coalesce anyway (fewer is a no-op)
-        pass
-    return df.coalesce(cap)
+    if cap is None or (count is not None and count <= cap):
+        return df, count
+    # an unknown count is coalesced anyway (fewer is a no-op)
+    return df.coalesce(cap), None if count is None else cap
 
 
-def by_key(df: Any, key: Sequence[str], options: SinkOptions) -> Any:
+def by_key(df: Any, key: Sequence[str], options: SinkOptions, count: int | None) -> Any:
     """Rows in key order within each partition (the key-order trap, core/key_ranges.py):
     ``repartition(n)`` hands each partition its rows in random key order, and inserting
     them at random places of the key's index costs PostgreSQL 2-3x the CPU of key order
     (``benchmarks/trap.py``). Append: sorted within each partition, no shuffle. Upsert:
-    also range-partitioned by the key first (as many partitions as before), so that all
-    rows of a key are in one partition and no two prepared transactions of the batch
+    also range-partitioned by the key first (the same ``count`` of partitions), so that
+    all rows of a key are in one partition and no two prepared transactions of the batch
     lock the same row."""
-    if options.mode is not Mode.UPSERT:
-        return df.sortWithinPartitions(*key)
-    try:
-        partitions = int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect has no RDDs: Spark's shuffle partitions, then the cap
-        ranged = df.repartitionByRange(*key)
-        cap = options.max_partitions
-        return (ranged.coalesce(cap) if cap is not None else ranged).sortWithinPartitions(*key)
-    if partitions > 1:
-        df = df.repartitionByRange(partitions, *key)
+    if options.mode is Mode.UPSERT:
+        if count is None:  # Spark Connect: Spark's shuffle partitions, then the cap
+            ranged = df.repartitionByRange(*key)
+            cap = options.max_partitions
+            df = ranged.coalesce(cap) if cap is not None else ranged
+        elif count > 1:
+            df = df.repartitionByRange(count, *key)
     return df.sortWithinPartitions(*key)
 
 
-def one_partition(df: Any) -> Any:
-    """Exactly one partition, even for an empty result (which must empty the table)."""
-    single = df.coalesce(1)
-    try:
-        if int(single.rdd.getNumPartitions()) == 1:
-            return single
-    except Exception:  # Spark Connect has no RDDs: a shuffle into one partition always has one
-        pass
-    return df.repartition(1)
+def one_partition(df: Any, count: int | None) -> Any:
+    """Exactly one partition, even for an empty result (which must empty the table): a
+    DataFrame without partitions, or of an unknown count, is shuffled into one."""
+    return df.coalesce(1) if count else df.repartition(1)
 
 
-def check_slots(df: Any, options: SinkOptions, before: int, batch_id: int) -> int:
+def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: int) -> int:
     """Issue 12 item 12: every partition of the batch stays prepared until its commit, so
     a server with fewer prepared-transaction slots than the batch's partitions can never
     commit it. This writer knows the count before writing (the data source does not):
-    refuse before any slot is taken. Returns this DataFrame's partition count."""
+    refuse before any slot is taken. Returns this DataFrame's partition count (0 when
+    unknown: then the tasks' own check, SQLSTATE 53200, remains)."""
     from sqlsink.options import Semantic
     from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import require_prepared_transactions
     from sqlsink.postgres.connection import connect
 
-    try:
-        partitions = int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect has no RDDs: the tasks' own check (53200) remains
+    if count is None:
         return 0
+    partitions = count
     if options.semantic is not Semantic.EXACTLY_ONCE:
         return partitions
     total = before + partitions
