@@ -43,6 +43,7 @@ from sqlsink.postgres.target import TargetPlan
 from sqlsink.spark.driver_token import driver_token
 from sqlsink.spark.notices import check_key_ranges
 from sqlsink.spark.plan import CommitterSession, plan_write
+from sqlsink.spark.support import is_connect
 
 log = logging.getLogger("sqlsink")
 
@@ -378,7 +379,7 @@ def register(spark: Any) -> None:
     # a Spark Connect session's workers run on its server, with the server's settings;
     # a relative PYSPARK_PYTHON (the cluster recipe's ./environment/bin/python) is this
     # interpreter when it resolves to it from here
-    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    connect = is_connect(spark)
     same = workers is not None and os.path.abspath(workers) == os.path.abspath(sys.executable)
     if in_venv and not connect and not same:
         log.warning(

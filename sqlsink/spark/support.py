@@ -50,6 +50,12 @@ def _shown(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
 
 
+def is_connect(session: object) -> bool:
+    """Whether a SparkSession is a Spark Connect client's (its Python workers, and the
+    foreachBatch function, run on the Connect server)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
 def require_data_source(version: str | None = None) -> None:
     """``format("sqlsink")`` needs PySpark 4.1 or later."""
     text = version or pyspark_version()
