@@ -19,18 +19,14 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 # the newest patch of each line the README claims; 4.3 is the project's venv
 LINES = {"3.5": "3.5.9", "4.0": "4.0.5", "4.1": "4.1.4", "4.2": "4.2.1"}
-# sqlsink's runtime dependencies (pyproject.toml), as a Spark environment would hold them
-RUNTIME = [
-    "psycopg[binary]>=3.2",
-    "sqlalchemy>=2.0",
-    "pyarrow>=15",
-    "numpy>=1.24",
-    "pandas>=2.0,<3",
-]
+# sqlsink's runtime dependencies, as a Spark environment would hold them: those the
+# installed package declares (pyproject.toml's), without the extras
+RUNTIME = [r.replace(" ", "") for r in metadata.requires("sqlsink") or [] if "extra ==" not in r]
 BUILD_TIMEOUT_S = 1200  # a fresh machine downloads ~400 MB per line
 
 
