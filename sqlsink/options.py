@@ -266,11 +266,11 @@ def _consistent_view(
         )
     if mode is not Mode.APPEND:
         raise ConfigError(
-            f"option consistentView cannot be used with mode={mode.value}: the partitions of an "
-            "upsert batch replace and delete rows, and once one of them is committed the "
-            "rows it replaced or deleted are gone, so no view can show the table as it was "
-            "before the batch while the rest commits. Use mode=append (readers then see "
-            "whole batches through the view), or drop consistentView"
+            f"option consistentView cannot be used with mode={mode.value}: a batch of that "
+            "mode replaces and deletes rows, and once one of its transactions is committed "
+            "the rows it replaced or deleted are gone, so no view can show the table as it "
+            "was before the batch while the rest commits. Use mode=append (readers then "
+            "see whole batches through the view), or drop consistentView"
         )
     return view
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, Semantic, SinkOptions
+from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
     from sqlsink.spark.foreach_batch import ForeachBatchWriter, Identity
@@ -33,13 +34,17 @@ class Batch:
         self.parts = 0
         self.tables: list[str] = []  # the batch's tables, in the order first given
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
+        # the consistent views the batch's parts name: view -> its table (kept at commit)
+        self.views: dict[TableName, TableName] = {}
 
     def __enter__(self) -> Batch:
         return self
 
-    def append(self, df: Any, table: str) -> None:
-        """Insert the DataFrame's rows into ``table``."""
-        self.write(df, table, mode="append")
+    def append(self, df: Any, table: str, *, view: str | None = None) -> None:
+        """Insert the DataFrame's rows into ``table``. ``view``: a view of ``table`` for
+        readers that shows whole batches only (the data source's ``consistentView``),
+        created at the batch's commit; views of the sink's tables agree."""
+        self.write(df, table, mode="append", view=view)
 
     def upsert(
         self,
@@ -68,6 +73,7 @@ class Batch:
         mode: str = "append",
         key: Sequence[str] | None = None,
         delete_column: str | None = None,
+        view: str | None = None,
     ) -> None:
         """Prepare ``df`` into ``table`` as the next part of the batch (a Spark job)."""
         from sqlsink.core.gid import MAX_PART
@@ -88,7 +94,9 @@ class Batch:
             key=key,
             delete_column=delete_column,
             checkpoint=self.identity.checkpoint,
+            view=view,
         )
+        self._add_view(options)
         if self.first_options is None:
             self.first_options = options
         if str(options.table) not in self.tables:
@@ -116,6 +124,19 @@ class Batch:
         written = prepare_part(df, options, target, self.identity, self.batch_id, part)
         self.outcomes += written
         self._check_key_ranges(written)
+
+    def _add_view(self, options: SinkOptions) -> None:
+        """A view names one table, in every part of the batch that gives it."""
+        view, table = options.consistent_view, options.table
+        if view is None:
+            return
+        other = self.views.setdefault(view, table)
+        if other != table:
+            raise ConfigError(
+                f"sink {self.writer.sink_id!r}: batch {self.batch_id}: view {view} is given "
+                f"for table {other} and for table {table}: a consistent view shows one table. "
+                "Name a view per table. Nothing of the batch is committed"
+            )
 
     def _check_key_ranges(self, written: list[PartitionOutcome | None]) -> None:
         """The key-order trap, per DataFrame (with order_by_key=False, or a table whose
@@ -170,7 +191,11 @@ class Batch:
         checked = identity.checkpoint is not None
         try:
             session = CommitterSession(
-                options, sink_id, check_checkpoint=checked, tables=self.tables
+                options,
+                sink_id,
+                check_checkpoint=checked,
+                tables=self.tables,
+                views=list(self.views.items()),
             )
             with session as committer:
                 committer.commit_batch(

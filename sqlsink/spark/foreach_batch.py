@@ -8,6 +8,8 @@
             b.append(batch_df.select("order_id", "total"), "public.orders")
             b.upsert(lines_df, "public.order_lines", key=["order_id", "line"])
 
+    writer.to("public.orders", view="public.orders_whole")  # readers: whole batches only
+
 Each DataFrame of a batch (a *part*) is written by one Spark job: ``mapInArrow``
 runs the partition writer (``sqlsink.postgres.partition.write_partition``) in
 every task, which prepares one transaction whose gid carries the part index, and
@@ -27,6 +29,11 @@ query's checkpoint (``checkpoint_location=``, its ``metadata`` file) or the
 ``query_id=`` argument, with a run id made by the process the writer runs in; the
 checkpoint from ``checkpoint_location=``, else from the running query. Without any
 query id the writer refuses.
+
+Consistent views (``view=`` per appended table, the data source's ``consistentView``):
+the committer keeps each view of the batch before its decision; every view of the sink
+hides the rows of its batches not yet complete, so views of several tables agree in any
+one snapshot (``sqlsink.postgres.views``).
 
 The batch and its parts are in ``spark/batch.py``, the shaping of each DataFrame and
 its Spark job in ``spark/parts.py``.
@@ -121,9 +128,10 @@ class ForeachBatchWriter:
                 )
             if name.lower() == "consistentview":
                 raise ConfigError(
-                    "ForeachBatchWriter: the option consistentView is not supported by the "
-                    "foreachBatch writer yet (a batch may span several tables); use "
-                    "format('sqlsink') for a consistent view"
+                    "ForeachBatchWriter: a consistent view belongs to one table, so it is "
+                    "given per table, not as a writer option: to(table, view=...) or "
+                    "b.append(df, table, view=...). Views of one sink's tables show the same "
+                    "whole batches"
                 )
         self.options = dict(options)
         # the weaker run identity, used only when Spark's run id is not readable: one per
@@ -145,8 +153,11 @@ class ForeachBatchWriter:
         key: Sequence[str] | None = None,
         delete_column: str | None = None,
         checkpoint: str | None = None,
+        view: str | None = None,
     ) -> SinkOptions:
         opts = {**self.options, "url": self.url, "table": table, "sinkId": self.sink_id}
+        if view is not None:
+            opts["consistentView"] = view
         opts["mode"] = mode
         if key:
             opts["keyColumns"] = ",".join(key)
@@ -163,17 +174,19 @@ class ForeachBatchWriter:
         mode: str = "append",
         key: Sequence[str] | None = None,
         delete_column: str | None = None,
+        view: str | None = None,
     ) -> Callable[[Any, int], None]:
         """The function for ``foreachBatch``: each batch into ``table``.
 
         ``mode="upsert"`` (with ``key``, else the table's primary key) is what update
         output mode needs: a key's newest row replaces the stored one. ``mode="replace"``
-        is complete output mode's: the batch replaces every row of the table (``Batch.replace``)."""
-        self.sink_options(table, mode=mode, key=key, delete_column=delete_column)
+        is complete output mode's: the batch replaces every row of the table (``Batch.replace``).
+        ``view`` (append only): a view of the table that shows whole batches only."""
+        self.sink_options(table, mode=mode, key=key, delete_column=delete_column, view=view)
 
         def write(batch_df: Any, batch_id: int) -> None:
             with self.batch(batch_id) as b:
-                b.write(batch_df, table, mode=mode, key=key, delete_column=delete_column)
+                b.write(batch_df, table, mode=mode, key=key, delete_column=delete_column, view=view)
 
         return write
 

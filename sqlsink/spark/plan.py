@@ -12,6 +12,7 @@ from pyspark.sql.types import StructType
 
 from sqlsink.options import Semantic, SinkOptions
 from sqlsink.postgres.target import TargetPlan
+from sqlsink.tablename import TableName
 
 
 def plan_write(
@@ -58,12 +59,19 @@ class CommitterSession:
         *,
         check_checkpoint: bool = False,
         tables: Sequence[str] | None = None,
+        views: Sequence[tuple[TableName, TableName]] | None = None,
     ) -> None:
         self.options = options
         self.sink_id = sink_id
         self.check_checkpoint = check_checkpoint  # a stream's commit: its checkpoint vs the log
         # the tables a decision records (default: the option table)
         self.tables = [str(options.table)] if tables is None else list(tables)
+        # the consistent views to keep before the decision, (view, table); default: the
+        # option's (consistentView of the option table)
+        if views is None:
+            view = options.consistent_view
+            views = [] if view is None else [(view, options.table)]
+        self.views = list(views)
 
     def __enter__(self) -> Any:
         from sqlsink.checkpoint.parse import checkpoint_policy
@@ -72,7 +80,7 @@ class CommitterSession:
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
         from sqlsink.postgres.connection import connect
-        from sqlsink.postgres.views import ConsistentView
+        from sqlsink.postgres.views import ConsistentViews
 
         self.conn = connect(
             self.options.url,
@@ -84,7 +92,6 @@ class CommitterSession:
         if self.check_checkpoint:
             policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
             check = CheckpointCheck(backend, policy)
-        view = self.options.consistent_view
         return Committer(
             backend,
             self.sink_id,
@@ -92,7 +99,7 @@ class CommitterSession:
             run_timeout_s=self.options.run_timeout_s,
             keep_batches=self.options.keep_batches,
             checkpoint_check=check,
-            view=None if view is None else ConsistentView(backend, view, self.options.table),
+            view=ConsistentViews(backend, self.views) if self.views else None,
             tables=self.tables,
         )
 

@@ -54,11 +54,21 @@ class TwoTables:
     lines: str
     source: Path
     checkpoint: Path
+    views: bool = False  # both appended, each with its consistent view v_<table>
 
     @classmethod
-    def create(cls, url: str, admin_url: str, name: str, work: Path) -> TwoTables:
+    def create(
+        cls, url: str, admin_url: str, name: str, work: Path, *, views: bool = False
+    ) -> TwoTables:
         tables = cls(
-            url, admin_url, f"fb-{name}", f"o_{name}", f"l_{name}", work / "src", work / "chk"
+            url,
+            admin_url,
+            f"fb-{name}",
+            f"o_{name}",
+            f"l_{name}",
+            work / "src",
+            work / "chk",
+            views,
         )
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
@@ -77,6 +87,8 @@ class TwoTables:
     def drop(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             for table in (self.orders, self.lines):
+                view = sql.Identifier("v_" + table)
+                conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
     def driver(
@@ -90,6 +102,7 @@ class TwoTables:
             self.sink_id,
             self.orders,
             self.lines,
+            *(["views"] if self.views else []),
         ]
         environment = {
             **os.environ,

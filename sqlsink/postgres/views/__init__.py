@@ -48,6 +48,7 @@ from sqlsink.postgres.views.definition import (
 from sqlsink.postgres.views.keeping import (
     REPLACE_LOCK_TIMEOUT_S,
     ConsistentView,
+    ConsistentViews,
     State,
     check_before_writing,
     delete_stale_markers,
@@ -64,6 +65,7 @@ __all__ = [
     "REPLACE_LOCK_TIMEOUT_S",
     "SCHEMA_VERSION",
     "ConsistentView",
+    "ConsistentViews",
     "HiddenBatch",
     "State",
     "ViewInfo",

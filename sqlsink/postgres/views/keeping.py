@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -317,6 +318,20 @@ class ConsistentView:
     def keep(self, sink_id: str) -> None:
         with self.backend.standby.bounded(f"keeping the consistent view {self.view}", sink=sink_id):
             keep_view(self.backend.conn, self.view, self.table, sink_id)
+
+
+class ConsistentViews:
+    """``core.backend.ViewKeeper`` for every view of a batch (the foreachBatch writer's
+    tables, one view each, or the data source's one): kept in turn, in the order given."""
+
+    def __init__(
+        self, backend: PostgresBackend, views: Sequence[tuple[TableName, TableName]]
+    ) -> None:
+        self.views = [ConsistentView(backend, view, table) for view, table in views]
+
+    def keep(self, sink_id: str) -> None:
+        for view in self.views:
+            view.keep(sink_id)
 
 
 def check_before_writing(
