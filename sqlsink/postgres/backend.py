@@ -34,7 +34,7 @@ class PostgresBackend:
         """``lock_timeout_s`` bounds every lock wait of this session (the sink lock too)."""
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
-        self.standby = syncrep.Watch(conn, lock_timeout_s)  # bounds every write (syncrep)
+        self.standby = syncrep.watch(conn, lock_timeout_s)  # bounds every write (syncrep)
         row = conn.execute(
             "SELECT current_database(), current_user, "
             "       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), "

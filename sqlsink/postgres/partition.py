@@ -38,6 +38,7 @@ from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
 from sqlsink.postgres.schema import privilege_error
+from sqlsink.postgres.sessions import session
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.postgres.upsert import ORDINAL
 from sqlsink.tablename import TableName
@@ -66,12 +67,12 @@ def write_partition(
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
-    conn = connect(
+    with session(
         options.url,
         options.password,
         application_name=appnames.task(task.sink_id, task.batch_id, task.partition_id),
-    )
-    try:
+    ) as conn:  # kept for the next batch after a clean use; after PREPARE, reused or
+        # closed, the session leaves the transaction prepared
         backend = PostgresBackend(conn, options.lock_timeout_s)
         participant = Participant(backend, task, options.timeouts, options.run_timeout_s)
         try:
@@ -95,8 +96,6 @@ def write_partition(
             started=started,
             key_range=counted.key_range(),
         )
-    finally:
-        conn.close()  # after PREPARE, closing leaves the transaction prepared
 
 
 def _first_nonempty(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,46 +34,90 @@ CANCELLED_WAIT = "canceling wait for synchronous replication"
 SLACK_S = 1.0  # a lock wait (lock_timeout) ends before the watchdog does
 
 
+_WATCHES: weakref.WeakKeyDictionary[Connection, Watch] = weakref.WeakKeyDictionary()
+
+
+def watch(conn: Connection, lock_timeout_s: float) -> Watch:
+    """The connection's Watch (one per connection, kept with it: a session kept between
+    batches, ``sessions.py``, is watched by the same thread and notice handler)."""
+    found = _WATCHES.get(conn)
+    if found is None:
+        found = _WATCHES[conn] = Watch(conn, lock_timeout_s)
+    found.bound_s = lock_timeout_s + SLACK_S
+    return found
+
+
 class Watch:
-    """Bounds the writes of one connection, and sees a cancelled wait for a standby."""
+    """Bounds the writes of one connection, and sees a cancelled wait for a standby.
+
+    One watchdog thread per connection, started at its first bounded write and armed
+    and disarmed per write (a thread per write cost about a millisecond each, 14 times a
+    commit); it is a daemon and ends with the process or when the connection closes."""
 
     def __init__(self, conn: Connection, lock_timeout_s: float) -> None:
         self.conn = conn
         self.bound_s = lock_timeout_s + SLACK_S
         self.cancelled: str | None = None
         conn.add_notice_handler(self._notice)
+        self._armed = threading.Condition()
+        self._deadline: float | None = None  # of the write in progress, if any
+        self._generation = 0  # which write the deadline is for
+        self._fired_for = -1  # the generation the watchdog cancelled
+        self._thread: threading.Thread | None = None
 
     def _notice(self, diag: Any) -> None:
         message = str(getattr(diag, "message_primary", "") or "")
         if message.startswith(CANCELLED_WAIT):
             self.cancelled = message
 
+    def _watch(self) -> None:
+        with self._armed:
+            while not self.conn.closed:
+                if self._deadline is None:
+                    self._armed.wait(timeout=5.0)  # wakes to see the connection closed
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._armed.wait(timeout=left)
+                    continue
+                self._fired_for, self._deadline = self._generation, None
+                with contextlib.suppress(Exception):
+                    self.conn.cancel_safe(timeout=5)
+
     @contextlib.contextmanager
     def bounded(self, what: str, **context: Any) -> Iterator[None]:
         """Run a write of ``what``; cancel it after ``bound_s`` and raise ``CommitError``
         when it was cancelled (its transaction may be done here, unconfirmed)."""
-        fired = threading.Event()
-
-        def fire() -> None:
-            fired.set()
-            with contextlib.suppress(Exception):
-                self.conn.cancel_safe(timeout=5)
-
-        timer = threading.Timer(self.bound_s, fire)
-        timer.daemon = True
+        with self._armed:
+            self._generation += 1
+            generation = self._generation
+            self._deadline = time.monotonic() + self.bound_s
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._watch, name="sqlsink write bound", daemon=True
+                )
+                self._thread.start()
+            self._armed.notify()
         self.cancelled = None
-        timer.start()
         try:
             yield
         except psycopg.errors.QueryCanceled:
-            if not fired.is_set():
+            if not self._disarm(generation):
                 raise
             raise self._error(what, standby=False, **context) from None
-        finally:
-            timer.cancel()
-            timer.join()
-        if self.cancelled is not None or fired.is_set():
+        except BaseException:
+            self._disarm(generation)
+            raise
+        fired = self._disarm(generation)
+        if self.cancelled is not None or fired:
             raise self._error(what, standby=self.cancelled is not None, **context)
+
+    def _disarm(self, generation: int) -> bool:
+        """End the bound of this write; whether the watchdog cancelled it."""
+        with self._armed:
+            if self._generation == generation:
+                self._deadline = None
+            return self._fired_for == generation
 
     def _error(self, what: str, *, standby: bool, **context: Any) -> CommitError:
         self.cancelled = None

@@ -6,9 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, SinkOptions
 from sqlsink.postgres.catalog import TargetColumn, table_columns, unique_keys
@@ -18,6 +15,7 @@ from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import sqlalchemy as sa
 
 
 @dataclass(frozen=True)
@@ -34,6 +32,9 @@ class TargetPlan:
 
 def create_table(conn: Connection, table: TableName, columns: Sequence[sa.Column[object]]) -> None:
     """CREATE TABLE IF NOT EXISTS from SQLAlchemy columns, on the sink's own connection."""
+    import sqlalchemy as sa  # here: imported by DDL only (a commit never needs its ~0.1 s)
+    from sqlalchemy.dialects import postgresql
+
     metadata = sa.MetaData(schema=table.schema)
     sa_table = sa.Table(table.name, metadata, *columns)
     ddl = sa.schema.CreateTable(sa_table, if_not_exists=True)

@@ -75,7 +75,7 @@ def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: 
     from sqlsink.options import Semantic
     from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import require_prepared_transactions
-    from sqlsink.postgres.connection import connect
+    from sqlsink.postgres.sessions import session
 
     if count is None:
         return 0
@@ -85,7 +85,7 @@ def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: 
     total = before + partitions
     if total <= _SLOTS_OK.get(options.url, 0):  # the slots only change with a restart
         return partitions
-    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
+    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
         try:
             require_prepared_transactions(conn, total)
         except ConfigError as exc:

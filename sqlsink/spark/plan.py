@@ -6,6 +6,7 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 from pyspark.sql.types import StructType
@@ -22,12 +23,12 @@ def plan_write(
     commit log, the view's refusals, and the target table matched against ``schema``."""
     from sqlsink.postgres import appnames, views
     from sqlsink.postgres.checks import check_at_start
-    from sqlsink.postgres.connection import connect
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
+    from sqlsink.postgres.sessions import session
     from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import arrow_schema, table_columns
 
-    with connect(options.url, options.password, application_name=appnames.PLANNER) as conn:
+    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
         # server settings: an error stops here, before any data; warnings are logged once
         # per worker and again only when the verdict changes
         check_at_start(
@@ -79,14 +80,15 @@ class CommitterSession:
         from sqlsink.core.committer import Committer
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
-        from sqlsink.postgres.connection import connect
+        from sqlsink.postgres.sessions import session
         from sqlsink.postgres.views import ConsistentViews
 
-        self.conn = connect(
+        self._session = session(
             self.options.url,
             self.options.password,
             application_name=appnames.committer(self.sink_id),
         )
+        self.conn = self._session.__enter__()
         backend = PostgresBackend(self.conn, self.options.lock_timeout_s)
         check = None
         if self.check_checkpoint:
@@ -103,5 +105,11 @@ class CommitterSession:
             tables=self.tables,
         )
 
-    def __exit__(self, *exc: object) -> None:
-        self.conn.close()
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # kept for the next batch after a clean use (sessions.py), closed otherwise
+        self._session.__exit__(kind, exc, tb)

@@ -3,18 +3,22 @@ Arrow type Spark sends it as (for the target's type check before any data)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import sqlalchemy as sa
 from pyspark.sql import types as T
-from sqlalchemy.dialects import postgresql as pg
 
 from sqlsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 
 def column_type(data_type: T.DataType, column: str) -> Any:
     """The PostgreSQL column type a Spark type is created as (see README's type table)."""
+    import sqlalchemy as sa  # DDL only: createTable (its import costs ~0.1 s a process)
+    from sqlalchemy.dialects import postgresql as pg
+
     simple: dict[type[T.DataType], Any] = {
         T.BooleanType: sa.Boolean,
         T.ByteType: sa.SmallInteger,
@@ -45,6 +49,8 @@ def column_type(data_type: T.DataType, column: str) -> Any:
 
 
 def table_columns(schema: T.StructType) -> list[sa.Column[Any]]:
+    import sqlalchemy as sa
+
     return [
         sa.Column(f.name, column_type(f.dataType, f.name), nullable=f.nullable)
         for f in schema.fields

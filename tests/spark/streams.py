@@ -203,7 +203,9 @@ def python_workers(jvm_pid: int) -> dict[int, str]:
 
 MONITOR = "tests activity monitor"  # the application_name of ActivityMonitor's sessions
 _ACTIVITY = """
-SELECT application_name, query, application_name LIKE 'sqlsink%%'
+SELECT application_name, query,
+       CASE WHEN application_name = 'sqlsink idle' THEN 'idle'
+            WHEN application_name LIKE 'sqlsink%%' THEN 'sink' ELSE 'other' END
 FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend'
   AND application_name <> %s
@@ -216,6 +218,8 @@ class ActivityMonitor:
     Everything seen (application names, statements, gids) is kept for greps; ``peak()``
     gives the most sink sessions (application_name 'sqlsink...') and most other sessions
     seen since the last call. Its own sessions are named ``MONITOR`` and never counted.
+    Sessions the sink keeps between batches (``sqlsink idle``, sqlsink/postgres/sessions.py)
+    are neither: ``idle`` is how many the last sample saw.
     """
 
     def __init__(self, url: str, interval: float = 0.05) -> None:
@@ -225,6 +229,7 @@ class ActivityMonitor:
         self.statements: set[str] = set()
         self.gids: set[str] = set()
         self.samples = 0
+        self.idle = 0  # kept sessions in the last sample
         self._peak = (0, 0)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -249,14 +254,17 @@ class ActivityMonitor:
     def _sample(self, conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, int]:
         sessions = conn.execute(_ACTIVITY, (MONITOR,)).fetchall()
         gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()]
-        sink = sum(1 for _, _, ours in sessions if ours)
+        sink = sum(1 for _, _, kind in sessions if kind == "sink")
+        idle = sum(1 for _, _, kind in sessions if kind == "idle")
         with self._lock:
             self.samples += 1
+            self.idle = idle
             self.application_names.update(str(name) for name, _, _ in sessions)
             self.statements.update(str(query) for _, query, _ in sessions)
             self.gids.update(gids)
-            self._peak = (max(self._peak[0], sink), max(self._peak[1], len(sessions) - sink))
-        return sink, len(sessions) - sink
+            other = len(sessions) - sink - idle
+            self._peak = (max(self._peak[0], sink), max(self._peak[1], other))
+        return sink, other
 
     def now(self) -> tuple[int, int]:
         """(sink sessions, other sessions) of the test database at this moment."""

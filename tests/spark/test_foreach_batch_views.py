@@ -140,7 +140,9 @@ def test_a_reader_of_two_views_sees_the_same_whole_batches_in_every_snapshot(
                     df.selectExpr("id", "'p' AS payload"), tables.orders, view="v_" + tables.orders
                 )
                 b.append(
-                    df.selectExpr("id", "CAST(1.5 AS double) AS amount"), tables.lines, view="v_" + tables.lines
+                    df.selectExpr("id", "CAST(1.5 AS double) AS amount"),
+                    tables.lines,
+                    view="v_" + tables.lines,
                 )
     finally:
         stop.set()

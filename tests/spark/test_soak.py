@@ -2,7 +2,9 @@
 
 The query runs with a processing-time trigger; the test adds one source file (one
 micro-batch), waits with ``processAllAvailable`` and then looks at everything a
-slow leak would show in: the sink's server sessions (none may stay open), its
+slow leak would show in: the sink's server sessions (none may stay in use after a
+batch; those kept idle for the next batch, ``sqlsink idle``, stay bounded: at most
+``KEEP`` per Python process that wrote, and no more at the end than early on), its
 prepared transactions (none may stay prepared), the RSS of the Python driver, of
 Spark's Python workers and of the JVM. ``--soak-batches N`` sets the length (CI:
 the default; a long run: 500). ``-s`` prints a one-line summary.
@@ -31,6 +33,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sqlsink.postgres.sessions import KEEP
 from tests.fix_pg import PgServer, prepared_in_test_db
 from tests.spark.streams import (
     SCHEMA,
@@ -60,10 +63,15 @@ class Sample:
     settle_seconds: float  # until the sink's sessions had left pg_stat_activity
     sink_sessions: int  # after the batch (settled)
     other_sessions: int
+    idle_sessions: int  # kept for the next batch (sqlsink/postgres/sessions.py)
     prepared: int  # the sink's prepared transactions after the batch
     driver_rss: int  # this process: the Python driver
     workers: dict[int, int]  # Spark's Python workers: pid -> RSS
     jvm_rss: int
+
+
+def third_of(values: list[int]) -> int:
+    return max(1, (len(values) - WARMUP) // 3)
 
 
 def growth(values: list[int]) -> int:
@@ -130,6 +138,7 @@ def test_many_small_batches_leave_no_session_no_transaction_and_flat_memory(
                         settle_seconds=waited,
                         sink_sessions=sink,
                         other_sessions=other,
+                        idle_sessions=monitor.idle,
                         prepared=sink_prepared(pg_url, sink_id),
                         driver_rss=rss_bytes(os.getpid()),
                         workers={pid: rss_bytes(pid) for pid in python_workers(jvm_pid)},
@@ -152,6 +161,7 @@ def test_many_small_batches_leave_no_session_no_transaction_and_flat_memory(
     assert prepared_in_test_db(pg_server) == []
 
     peak_sessions = max(s.peak_sink_sessions for s in samples)
+    idle = [s.idle_sessions for s in samples]
     driver, jvm = [s.driver_rss for s in samples], [s.jvm_rss for s in samples]
     total = [sum(s.workers.values()) for s in samples]
     counts = [len(s.workers) for s in samples]
@@ -163,7 +173,8 @@ def test_many_small_batches_leave_no_session_no_transaction_and_flat_memory(
     print(
         f"\nsoak: {batches} batches x {ROWS_PER_BATCH} rows in {elapsed:.1f} s "
         f"(median {statistics.median(s.seconds for s in samples):.2f} s/batch); "
-        f"sink sessions: max {peak_sessions} during a batch, 0 after every batch "
+        f"sink sessions: max {peak_sessions} during a batch, 0 in use after every batch, "
+        f"kept idle {idle[WARMUP]} -> {idle[-1]} (max {max(idle)}) "
         f"(settled in <= {max(s.settle_seconds for s in samples):.2f} s); "
         f"sink's prepared transactions after a batch: max {max(s.prepared for s in samples)}; "
         f"RSS MB after batch {WARMUP} -> last (growth, last third vs first third): "
@@ -174,6 +185,9 @@ def test_many_small_batches_leave_no_session_no_transaction_and_flat_memory(
     )
     # a batch opens a session per partition, the planner's and the committer's, no more
     assert peak_sessions <= PARTITIONS + 2, samples
+    # kept sessions: bounded by the processes that use them, and not piling up
+    assert max(idle) <= KEEP * (max(counts) + 1), (idle, counts)
+    assert max(idle[-third_of(idle) :]) <= max(idle[WARMUP : WARMUP + third_of(idle)]), idle
     assert growth(driver) < RSS_GROWTH_BOUND, driver
     assert worst < RSS_GROWTH_BOUND, {pid: [s.workers[pid] for s in steady] for pid in lasting}
     # no pile-up of worker processes either (say, a commit worker per batch that stays)
