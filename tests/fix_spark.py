@@ -28,6 +28,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption("--chaos-seed", type=int, default=None, help="seed of the chaos runs")
     parser.addoption(
+        "--chaos-kill-weights",
+        default=None,
+        help="protocol steps drawn more often for kills, e.g. mid_commit=5,after_decision=2",
+    )
+    parser.addoption(
         "--soak-batches",
         type=int,
         default=25,

@@ -37,6 +37,10 @@ killed at a protocol step of a later batch), so that the default run has both an
 the round goes on.
 
     pytest tests/chaos --chaos-rounds 15 --chaos-seed 7 -s --timeout 0   # a long run
+    pytest tests/chaos --chaos-rounds 8 --chaos-kill-weights mid_commit=5 -s --timeout 0
+
+``--chaos-kill-weights`` makes some protocol steps likelier for kills (each step is
+drawn once by default, so a kill mid-commit is one in seven of them).
 """
 
 from __future__ import annotations
@@ -368,8 +372,23 @@ class Trouble:
         return cut or self.terminate_at is not None or self.crash_at is not None
 
 
+def kill_points(weights: str | None) -> tuple[str, ...]:
+    """The protocol steps a kill is drawn from: each of ``POINTS`` once, and a step
+    named in ``--chaos-kill-weights`` ("mid_commit=4,after_decision=2") that many times."""
+    weight = dict.fromkeys(POINTS, 1)
+    for item in filter(None, (weights or "").split(",")):
+        name, _, times = item.partition("=")
+        assert name in weight and times.isdigit(), f"--chaos-kill-weights: {item!r}"
+        weight[name] = int(times)
+    return tuple(point for point in POINTS for _ in range(weight[point]))
+
+
 def draw_trouble(
-    rng: random.Random, pending: list[int], server: PgServer, forced: str | None
+    rng: random.Random,
+    pending: list[int],
+    server: PgServer,
+    forced: str | None,
+    points: tuple[str, ...] = POINTS,
 ) -> Trouble:
     """A run's trouble. ``forced="retry"``: a task of the first pending batch fails after
     PREPARE under a master that retries it, nothing fails the run with an error, and a
@@ -381,7 +400,7 @@ def draw_trouble(
     roll = 0.0 if forced in ("retry", "kill") else rng.random()
     if roll < 0.55:  # a kill at a protocol step of a pending batch (forced: a later one
         # than the first, which may be a replay whose tasks skip, or the retry's batch)
-        point = rng.choice(POINTS)
+        point = rng.choice(points)
         batch = rng.choice((pending[1:4] or pending) if forced else pending[:3])
         if retry and batch == pending[0]:  # no later batch: kill once the retry is judged
             point = rng.choice(["after_decision", "mid_commit", "after_commit"])
@@ -441,8 +460,10 @@ class Round:
         table: str,
         mode: str,
         tally: Tally,
+        points: tuple[str, ...] = POINTS,
     ) -> None:
         self.rng, self.seed, self.tmp, self.server = rng, seed, tmp, server
+        self.points = points  # the protocol steps kills are drawn from
         self.table, self.mode, self.tally = table, mode, tally
         self.number = 0  # runs started, for file names
         # append mode writes through a consistent view, read beside the round (ViewReader)
@@ -470,7 +491,7 @@ class Round:
         if forced == "pause" or (forced is None and self.rng.random() < PAUSE_P):
             return self.paused_run(forced=forced == "pause")
         pending = self.fresh() if forced == "retry" else self.pending()
-        return self.run(draw_trouble(self.rng, pending, self.server, forced))
+        return self.run(draw_trouble(self.rng, pending, self.server, forced, self.points))
 
     def run(
         self,
@@ -696,7 +717,8 @@ class Round:
         try:
             # the second run, with trouble of its own, on the same checkpoint (the round's
             # forced pause: killed at a protocol step, so that the round goes on)
-            trouble = draw_trouble(rng, self.pending(), server, "kill" if forced else None)
+            forced_kill = "kill" if forced else None
+            trouble = draw_trouble(rng, self.pending(), server, forced_kill, self.points)
             drained = self.run(
                 trouble, options={"lockTimeout": FENCING_LOCK_TIMEOUT}, zombie=zombie_runs
             )
@@ -836,6 +858,7 @@ def test_chaos(
     rounds = request.config.getoption("--chaos-rounds")
     seed = request.config.getoption("--chaos-seed")
     seed = seed if seed is not None else random.randrange(10**6)
+    points = kill_points(request.config.getoption("--chaos-kill-weights"))
     rng = random.Random(f"{seed}-{mode}")
     tally = Tally()
     # the first two runs of every round: a paused driver and a retry after PREPARE, in
@@ -853,7 +876,7 @@ def test_chaos(
                         "ts timestamptz, amount double precision)"
                     ).format(sql.Identifier(round_table))
                 )
-        chaos = Round(rng, seed, tmp, pg_server, round_table, mode, tally)
+        chaos = Round(rng, seed, tmp, pg_server, round_table, mode, tally, points)
         reader = (
             ViewReader(pg_server.url, round_table, chaos.view, tally)
             if chaos.view
