@@ -181,7 +181,9 @@ def insert_decision(
 ) -> bool:
     """Write the decision durably unless one exists; True if this call wrote it.
     ``tables``: the tables the batch wrote, as schema.name (schema version 8)."""
-    with conn.transaction():
+    # one pipeline: the transaction's statements go in one round trip, and its COMMIT in
+    # a second (synced first, so that "in_decision" finds them run, inside it)
+    with conn.pipeline() as pipeline, conn.transaction():
         # the decision must be durable before anything is committed
         conn.execute("SET LOCAL synchronous_commit = on")
         writer = Binding.of(query_id)
@@ -218,6 +220,7 @@ def insert_decision(
                 list(tables) or None,
             ),
         )
+        pipeline.sync()  # run, and their errors raised, before the crash point
         crash_point("in_decision", batch_id)  # inside the transaction (tests pause here)
         return cur.rowcount == 1
 

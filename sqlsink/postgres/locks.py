@@ -64,7 +64,12 @@ def try_sink_lock(conn: Connection, sink_id: str | None) -> bool:
 
 
 def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another."""
+    """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another.
+
+    A free lock is taken in one round trip; only a held one costs the bounded wait's
+    three (its own ``lock_timeout``, set and restored)."""
+    if try_sink_lock(conn, sink_id):
+        return True
     row = conn.execute(
         "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, false)",
         (f"{max(int(timeout_s * 1000), 1)}ms",),

@@ -37,8 +37,8 @@ def register_run(
     if admit is None:
         row = conn.execute(register, args).fetchone()
         _record_token(conn, sink_id, run_id, token, row)
-    else:
-        with conn.transaction():
+    else:  # pipelined: BEGIN, the insert and the select in one round trip
+        with conn.pipeline(), conn.transaction():
             conn.execute(
                 "INSERT INTO sqlsink.sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
                 (sink_id,),
