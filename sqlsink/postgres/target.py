@@ -74,9 +74,16 @@ def plan_target(
     if arrow_schema is not None:
         problems += _type_problems(arrow_schema, pairs)
     if problems:
+        # each type problem names its own fix; the generic one is for the others
+        generic = any("Fix:" not in problem for problem in problems)
         raise ConfigError(
-            f"the DataFrame does not fit table {table}: " + "; ".join(problems) + ". Fix: "
-            "select/rename the DataFrame's columns to the table's, or alter the table"
+            f"the DataFrame does not fit table {table}: "
+            + "; ".join(problems)
+            + (
+                ". Fix: select/rename the DataFrame's columns to the table's, or alter the table"
+                if generic
+                else ""
+            )
         )
     return TargetPlan(table, tuple(matched), upsert, key)
 

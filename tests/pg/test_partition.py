@@ -71,3 +71,27 @@ def test_an_attempt_that_prepares_after_its_batch_was_decided_rolls_itself_back(
         assert prepared_transactions(pg_server.admin_url) == []
         ids = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))
         assert [r[0] for r in ids] == [0, 1, 2, 3, 4]
+
+
+def test_a_dataframe_that_does_not_fit_names_each_fix_once(pg_url: str, table: str) -> None:
+    """A column of a type the encoder cannot write carries its own fix (a cast); a column
+    the table lacks gets the generic one; the message never says "Fix:" twice for one."""
+    from sqlsink.errors import ConfigError
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint, amount float8)").format(sql.Identifier(table))
+        )
+        options = SinkOptions.parse({"url": pg_url, "table": table, "sinkId": "fit"})
+        arrow = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(2, 1))])
+        with pytest.raises(ConfigError) as typed:
+            plan_target(conn, options, ["id", "amount"], None, arrow)  # type: ignore[arg-type]
+        text = str(typed.value)
+        assert "column 'amount': cannot write Arrow type decimal128(2, 1)" in text
+        assert text.count("Fix:") == 1 and "F.col('amount').cast('double')" in text
+        with pytest.raises(ConfigError) as missing:
+            plan_target(conn, options, ["id", "nope"], None)  # type: ignore[arg-type]
+        assert str(missing.value).count("Fix:") == 1
+        assert str(missing.value).endswith(
+            "select/rename the DataFrame's columns to the table's, or alter the table"
+        )
