@@ -11,7 +11,9 @@ poll that sees its last row. Per batch:
   (for ``noop``, its ``triggerExecution`` is the batch from trigger to end: the floor);
 * ``commit_ms`` (``exactly_once``): the commit log's time of the driver's commit.
 
-``noop``, ``at_least_once`` and ``exactly_once`` run in turn, ``rounds`` times over, each query
+``noop``, ``at_least_once`` and ``exactly_once`` (``format("sqlsink")``), then the same two
+semantics through the foreachBatch writer (``fb_``: its commit runs in the driver's
+process right after the batch's job) run in turn, ``rounds`` times over, each query
 ``warmup`` + ``batches`` batches, the warm-up ones left out: ``rounds · batches`` batches per
 sink. Medians with their 95% interval (order statistics).
 
@@ -44,7 +46,10 @@ TABLE = "cost_rows"
 ROWS_PER_BATCH = 10
 PARTITIONS = 2
 TRIGGER = {"processingTime": "100 milliseconds"}
-SINKS = ("noop", "at_least_once", "exactly_once")
+# format("sqlsink") with each semantic, and the foreachBatch writer ("fb_"), whose commit
+# runs in the driver's own process right after the batch's job (the data source's runs
+# in a Python worker Spark calls after the tasks)
+SINKS = ("noop", "at_least_once", "exactly_once", "fb_at_least_once", "fb_exactly_once")
 
 
 def cost_frame(spark: Any) -> Any:
@@ -73,16 +78,39 @@ def start(frame: Any, sink: Sink, checkpoints: Path) -> Any:
     return writer.trigger(**TRIGGER).start()
 
 
+def start_foreach_batch(frame: Any, url: str, semantic: str, checkpoints: Path) -> tuple[Any, str]:
+    """The foreachBatch writer into TABLE (its defaults: rows sorted by the key within
+    each partition); the query and the sink id."""
+    import sqlsink
+
+    sink_id = f"cost-fb-{uuid.uuid4().hex[:12]}"
+    writer = sqlsink.ForeachBatchWriter(url=url, sink_id=sink_id, semantic=semantic)
+    checkpoint = checkpoints / f"cost-{sink_id}"
+    query = (
+        frame.writeStream.foreachBatch(writer.to(TABLE))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**TRIGGER)
+        .start()
+    )
+    return query, sink_id
+
+
 def run_query(
     spark: Any, url: str, sink_name: str, batches: int, warmup: int, checkpoints: Path
 ) -> dict[str, Any]:
     """One query of warmup + batches batches; its per-batch figures (warm-up left out)."""
-    sink = Sink.noop() if sink_name == "noop" else Sink.sqlsink(url, TABLE, sink_name)
     reset(url, TABLE, TABLE_DDL)
     target = warmup + batches
     seen: list[tuple[float, int]] = []  # (time.time(), max id) at each change
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(target + 50))
-    query = start(cost_frame(spark), sink, checkpoints)
+    sink_id = None
+    if sink_name.startswith("fb_"):
+        query, sink_id = start_foreach_batch(
+            cost_frame(spark), url, sink_name.removeprefix("fb_"), checkpoints
+        )
+    else:
+        sink = Sink.noop() if sink_name == "noop" else Sink.sqlsink(url, TABLE, sink_name)
+        query = start(cost_frame(spark), sink, checkpoints)
     try:
         with psycopg.connect(url, autocommit=True, application_name="bench poller") as conn:
             last, last_check, done = -1, 0.0, False
@@ -119,8 +147,9 @@ def run_query(
     }
     if sink_name != "noop":
         out["trigger_to_visible_ms"] = visible_after_trigger(url, seen, warmup, target)
-    if sink_name == "exactly_once":
-        out["commit_ms"] = commit_ms(url, str(progress[0]["id"]), after=warmup - 1)[:batches]
+    if sink_name.endswith("exactly_once"):
+        sink_id = sink_id or str(progress[0]["id"])
+        out["commit_ms"] = commit_ms(url, sink_id, after=warmup - 1)[:batches]
     return out
 
 
@@ -225,6 +254,14 @@ def cost_ratios(sinks: dict[str, dict[str, Any]]) -> dict[str, float]:
     )
     if eo_v is not None and alo_v is not None:
         out["exactly_once - at_least_once trigger->visible, ms"] = eo_v - alo_v
+    fb_eo, fb_alo = (
+        med("fb_exactly_once", "trigger_to_visible_ms"),
+        med("fb_at_least_once", "trigger_to_visible_ms"),
+    )
+    if noop and fb_eo:
+        out["foreachBatch exactly_once trigger->visible / noop batch"] = fb_eo / noop
+    if fb_eo is not None and fb_alo is not None:
+        out["foreachBatch exactly_once - at_least_once trigger->visible, ms"] = fb_eo - fb_alo
     return out
 
 

@@ -93,6 +93,8 @@ def test_quick_issue16_measures_run_and_have_their_fields(tmp_path: Path) -> Non
     cost = measures["batch_cost"]
     assert cost["sinks"]["exactly_once"]["trigger_to_visible_ms"]["n"] > 0
     assert cost["sinks"]["exactly_once"]["commit_ms"]["median"] > 0
+    assert cost["sinks"]["fb_exactly_once"]["trigger_to_visible_ms"]["n"] > 0  # the writer
+    assert cost["sinks"]["fb_exactly_once"]["commit_ms"]["median"] > 0
     assert cost["sinks"]["noop"]["trigger_ms"]["n"] > 0
     assert cost["statements"]["statements_per_batch"]["driver commit"] > 0
     new_measures_s = sum(results["timings"][name] for name in ISSUE16)
