@@ -16,11 +16,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
 from sqlsink.postgres.connection import connect
 from sqlsink.postgres.credentials import PasswordSource
+from sqlsink.postgres.sessions import IDLE_NAME
 from tests.fix_auth import PasswordServer, password_server
 from tests.spark.streams import (
     SCHEMA,
@@ -56,6 +58,15 @@ def prepared(server: PasswordServer) -> list[str]:
         return [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts")]
 
 
+def end_kept_sessions(admin_url: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (IDLE_NAME,),
+        )
+
+
 def test_the_password_changes_between_micro_batches(
     spark: Any, tmp_path: Path, password_server: PasswordServer
 ) -> None:
@@ -75,6 +86,10 @@ def test_the_password_changes_between_micro_batches(
         for batch, password in enumerate([None, PASSWORDS[1], PASSWORDS[2]]):
             if password:  # after batch N committed, before batch N+1 starts
                 password_server.rotate(password)
+                # sessions the sink keeps between batches logged in with the old password
+                # and stay good (PostgreSQL does not end them); rotations usually end them
+                # too: then the next batch needs new connections, with the new password
+                end_kept_sessions(password_server.admin_url)
             add_source_file(source, batch, range(batch * 10, batch * 10 + 10))
             query.processAllAvailable()
             calls.append(password_server.calls())
