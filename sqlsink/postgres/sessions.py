@@ -98,16 +98,7 @@ def _take(key: tuple[str, str], application_name: str) -> Connection | None:
         if conn is None:
             return None
         try:
-            if conn.info.server_version >= _TIMEOUT_SINCE:
-                conn.execute(
-                    "SELECT set_config('application_name', %s, false), "
-                    "set_config('idle_session_timeout', '0', false)",
-                    (application_name[:63],),
-                )
-            else:
-                conn.execute(
-                    "SELECT set_config('application_name', %s, false)", (application_name[:63],)
-                )
+            _name(conn, application_name[:63], idle_timeout_ms=0)
         except psycopg.Error:  # gone meanwhile: a new one instead, nothing has run
             conn.close()
             continue
@@ -120,14 +111,7 @@ def _give_back(key: tuple[str, str], conn: Connection) -> None:
         return
     try:
         conn.execute("DISCARD ALL")
-        if conn.info.server_version >= _TIMEOUT_SINCE:
-            conn.execute(
-                "SELECT set_config('application_name', %s, false), "
-                "set_config('idle_session_timeout', %s, false)",
-                (IDLE_NAME, f"{IDLE_TIMEOUT_S * 1000}"),
-            )
-        else:
-            conn.execute("SELECT set_config('application_name', %s, false)", (IDLE_NAME,))
+        _name(conn, IDLE_NAME, idle_timeout_ms=IDLE_TIMEOUT_S * 1000)
     except psycopg.Error:
         conn.close()
         return
@@ -143,6 +127,19 @@ def _give_back(key: tuple[str, str], conn: Connection) -> None:
     for old in closing:
         with contextlib.suppress(Exception):
             old.close()
+
+
+def _name(conn: Connection, name: str, *, idle_timeout_ms: int) -> None:
+    """One statement: the session's application name, and (PostgreSQL 14+) how long the
+    server lets it sit idle (0: for ever, while in use)."""
+    if conn.info.server_version >= _TIMEOUT_SINCE:
+        conn.execute(
+            "SELECT set_config('application_name', %s, false), "
+            "set_config('idle_session_timeout', %s, false)",
+            (name, str(idle_timeout_ms)),
+        )
+    else:
+        conn.execute("SELECT set_config('application_name', %s, false)", (name,))
 
 
 def close_idle() -> int:
