@@ -31,7 +31,10 @@ With nothing in flight, two more relations run in the same rounds, for reference
 are not consistent views): ``bare view`` (``SELECT <columns> FROM <table>``: what any
 view costs) and ``gate only`` (the table under ``WHERE NOT EXISTS (a marker of the
 sink)``: the cheapest check of the markers a query can make, one probe and a one-time
-filter; it hides nothing when a batch is in flight, so it is a floor, not a design).
+filter; it hides nothing when a batch is in flight, so it is a floor, not a design) and
+``any gate`` (the table under ``WHERE (SELECT true)``: a check that reads nothing at all,
+decided while the query runs; what any such check costs before it reads anything, the
+floor of every design that decides in the reader's snapshot).
 
 Client wall time, round trip included. Prints medians with p10-p90, min-max, the ratio
 of the medians view/table and the median (p10-p90) of the ratios of each round's pair;
@@ -68,8 +71,9 @@ HERE = Path(__file__).resolve().parent
 TABLE = TableName("public", "view_cost_rows")
 VIEW = TableName("public", "view_cost_whole")
 BARE_VIEW = TableName("public", "view_cost_bare")  # reference: any view
-GATE_ONLY = TableName("public", "view_cost_gate")  # reference: the cheapest check (floor)
-REFERENCES = {"bare view": BARE_VIEW, "gate only": GATE_ONLY}
+GATE_ONLY = TableName("public", "view_cost_gate")  # reference: the cheapest check of the markers
+ANY_GATE = TableName("public", "view_cost_any_gate")  # reference: any run-time check (floor)
+REFERENCES = {"bare view": BARE_VIEW, "gate only": GATE_ONLY, "any gate": ANY_GATE}
 SINK = "bench-view-cost"
 RUN = "bench-run"
 LOOKUPS = 200  # key lookups per sample
@@ -113,6 +117,11 @@ def load(conn: Conn, rows: int) -> None:
             "CREATE VIEW {} AS SELECT * FROM {} "
             "WHERE NOT EXISTS (SELECT FROM sqlsink.markers WHERE sink_id = {})"
         ).format(GATE_ONLY.identifier(), TABLE.identifier(), sql.Literal(SINK))
+    )
+    conn.execute(
+        sql.SQL("CREATE VIEW {} AS SELECT * FROM {} WHERE (SELECT true)").format(
+            ANY_GATE.identifier(), TABLE.identifier()
+        )
     )
 
 
