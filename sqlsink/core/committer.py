@@ -136,8 +136,9 @@ class Committer:
         writer = Binding("load") if load else Binding.of(query_id) if query_id else None
         # before waiting for the lock: a refused writer fences nobody, and a newer run
         # supersedes an older one at once, so that a paused older holder of the lock is
-        # provably fenced and can be ended (locks.sink_lock)
-        if writer is not None:
+        # provably fenced and can be ended (locks.sink_lock). A run's registration checks
+        # the binding itself (``admit``, the sink's row locked) before it records anything
+        if writer is not None and run_id is None:
             check_binding(
                 sink_id,
                 self.backend.binding(sink_id),

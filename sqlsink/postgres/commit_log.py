@@ -228,11 +228,15 @@ def insert_decision(
 def record_metrics(
     conn: Connection, sink_id: str, batch_id: int, commit_ms: float, orphans: int
 ) -> None:
-    conn.execute(
-        "UPDATE sqlsink.decisions SET commit_ms = %s, orphans = %s "
-        "WHERE sink_id = %s AND batch_id = %s",
-        (commit_ms, orphans, sink_id, batch_id),
-    )
+    """Figures only: committed without waiting for their WAL flush (a crash may lose them,
+    nothing else), in one round trip."""
+    with conn.pipeline(), conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = off")
+        conn.execute(
+            "UPDATE sqlsink.decisions SET commit_ms = %s, orphans = %s "
+            "WHERE sink_id = %s AND batch_id = %s",
+            (commit_ms, orphans, sink_id, batch_id),
+        )
 
 
 def visible_markers(conn: Connection, gids: Collection[str]) -> set[str]:
@@ -253,25 +257,24 @@ def mark_complete(conn: Connection, sink_id: str, batch_ids: Collection[int]) ->
     (invariant 13): one DELETE, so a reader sees all of them or none, and never the
     completion without the deletion (a crash between the two would hide the batch
     from the view for good)."""
-    kept = False
-    with conn.transaction():
-        done = conn.execute(
-            "UPDATE sqlsink.decisions SET completed_at = clock_timestamp() "
-            "WHERE sink_id = %s AND batch_id = ANY(%s) AND completed_at IS NULL "
-            "RETURNING batch_id",
-            (sink_id, list(batch_ids)),
-        ).fetchall()
-        if done:
-            try:
-                with conn.transaction():  # a savepoint: a refusal keeps the completion
-                    conn.execute(
-                        "DELETE FROM sqlsink.markers WHERE sink_id = %s AND batch_id = ANY(%s)",
-                        (sink_id, [row[0] for row in done]),
-                    )
-            except psycopg.errors.InsufficientPrivilege:
-                kept = True
-    if kept:
+    args = {"sink": sink_id, "batches": list(batch_ids)}
+    try:  # one statement, so one round trip and one transaction
+        conn.execute(_COMPLETE_AND_DELETE_MARKERS, args)
+    except psycopg.errors.InsufficientPrivilege:  # no DELETE on markers: checked before
+        conn.execute(_COMPLETE, args)  # anything changed, so the completion alone
         warn_markers_kept()
+
+
+_COMPLETE = (
+    "UPDATE sqlsink.decisions SET completed_at = clock_timestamp() "
+    "WHERE sink_id = %(sink)s AND batch_id = ANY(%(batches)s) AND completed_at IS NULL "
+    "RETURNING batch_id"
+)
+_COMPLETE_AND_DELETE_MARKERS = (
+    f"WITH done AS ({_COMPLETE}) "
+    "DELETE FROM sqlsink.markers WHERE sink_id = %(sink)s "
+    "AND batch_id IN (SELECT batch_id FROM done)"
+)
 
 
 def forget_one_off_load(conn: Connection, sink_id: str) -> None:
