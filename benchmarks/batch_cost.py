@@ -25,6 +25,7 @@ by session: the driver's commit session, the planner, the partitions' sessions.
 
 from __future__ import annotations
 
+import bisect
 import re
 import statistics
 import time
@@ -271,6 +272,7 @@ LOG_LINE = re.compile(
 )
 BURST_GAP_S = 0.05  # the driver's commit of one batch: statements less than 50 ms apart
 STATEMENT = re.compile(r"^(?:statement|execute [^:]*): (?P<sql>.*)")
+PREPARE = re.compile(r"^PREPARE TRANSACTION 'sqlsink_[A-Za-z0-9-]+_(?P<batch>\d+)_")
 
 
 def server_log(url: str) -> Path | None:
@@ -310,6 +312,7 @@ def count_statements(spark: Any, url: str, batches: int, checkpoints: Path) -> d
     statements: Counter[str] = Counter()
     connections: Counter[str] = Counter()
     commit_sequence: list[tuple[float, str]] = []
+    last_prepare: dict[int, float] = {}  # batch -> when its last PREPARE TRANSACTION began
     for line in text.splitlines():
         match = LOG_LINE.match(line)
         if not match:
@@ -328,9 +331,13 @@ def count_statements(spark: Any, url: str, batches: int, checkpoints: Path) -> d
         if kind == "benchmark":
             continue  # the benchmark's own polling
         statements[kind] += 1
+        when = datetime.strptime(match["ts"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
         if kind == "driver commit":
-            when = datetime.strptime(match["ts"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
             commit_sequence.append((when, stmt["sql"][:100]))
+        prepare = PREPARE.match(stmt["sql"])
+        if kind == "partition tasks" and prepare is not None:
+            batch = int(prepare["batch"])
+            last_prepare[batch] = max(when, last_prepare.get(batch, when))
     total_batches = batches + 2
     return {
         "batches": total_batches,
@@ -339,7 +346,23 @@ def count_statements(spark: Any, url: str, batches: int, checkpoints: Path) -> d
         "connections_per_batch": {k: v / total_batches for k, v in connections.items()},
         **driver_commit_bursts(commit_sequence),
         "commit_ms": summarize(run.get("commit_ms", [])),
+        "last_prepare_to_commit_ms": summarize(
+            handoffs(last_prepare, [when for when, _ in commit_sequence], after=2)
+        ),
     }
+
+
+def handoffs(last_prepare: dict[int, float], commit_times: list[float], after: int) -> list[float]:
+    """Per batch (from ``after`` on): ms from the start of its last PREPARE TRANSACTION to
+    the first statement of the driver's commit after it (server log times): Spark's hand-off
+    to the data source's ``commit()``, a PREPARE's own flush included."""
+    ordered = sorted(commit_times)
+    out = []
+    for batch, prepared in sorted(last_prepare.items()):
+        at = bisect.bisect_right(ordered, prepared)
+        if batch >= after and at < len(ordered):
+            out.append((ordered[at] - prepared) * 1000)
+    return out
 
 
 def kind_of(app: str) -> str:

@@ -228,21 +228,29 @@ def print_scaling(scaling: dict[str, Any]) -> None:
     )
     points = {(p["method"], p["partitions"]): p for p in scaling["points"]}
     counts = sorted({p["partitions"] for p in scaling["points"]})
-    print(
-        f"{'partitions':>10} {'plain COPY CPU-s/M':>22} {'sqlsink CPU-s/M':>22} {'ratio':>6} "
-        f"{'COPY rows/s':>12} {'sqlsink rows/s':>15} {'index MB':>15}"
-    )
-    for p in counts:
-        copy, sink = points.get(("plain COPY", p)), points.get(("sqlsink exactly_once", p))
-        ratio = scaling["ratios"].get(f"server CPU, sqlsink / COPY at {p}")
+    for method, name in (
+        ("sqlsink exactly_once", "sqlsink"),
+        ("sqlsink exactly_once, foreachBatch writer", "sqlsink exactly_once, foreachBatch writer"),
+    ):
+        if not any(m == method for m, _ in points):
+            continue
+        print(f"  {method} against plain COPY:")
         print(
-            f"{p:>10} {_spread(copy and copy['postgres_cpu_s_per_m_rows']):>22} "
-            f"{_spread(sink and sink['postgres_cpu_s_per_m_rows']):>22} "
-            f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
-            f"{copy['rows_per_s'] if copy else 0:>12,.0f} "
-            f"{sink['rows_per_s'] if sink else 0:>15,.0f} "
-            f"{(copy or {}).get('index_mb') or 0:>7.1f} {(sink or {}).get('index_mb') or 0:>7.1f}"
+            f"{'partitions':>10} {'plain COPY CPU-s/M':>22} {'sqlsink CPU-s/M':>22} {'ratio':>6} "
+            f"{'COPY rows/s':>12} {'sqlsink rows/s':>15} {'index MB':>15}"
         )
+        for p in counts:
+            copy, sink = points.get(("plain COPY", p)), points.get((method, p))
+            ratio = scaling["ratios"].get(f"server CPU, {name} / COPY at {p}")
+            print(
+                f"{p:>10} {_spread(copy and copy['postgres_cpu_s_per_m_rows']):>22} "
+                f"{_spread(sink and sink['postgres_cpu_s_per_m_rows']):>22} "
+                f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
+                f"{copy['rows_per_s'] if copy else 0:>12,.0f} "
+                f"{sink['rows_per_s'] if sink else 0:>15,.0f} "
+                f"{(copy or {}).get('index_mb') or 0:>7.1f} "
+                f"{(sink or {}).get('index_mb') or 0:>7.1f}"
+            )
     print()
 
 
@@ -385,7 +393,11 @@ def plot_scaling(ax: Any, scaling: dict[str, Any] | None) -> None:
     ax.set_ylabel("server CPU-s per million rows")
     if not scaling:
         return
-    for method, color in (("plain COPY", "#7f7f7f"), ("sqlsink exactly_once", "#d62728")):
+    for method, color in (
+        ("plain COPY", "#7f7f7f"),
+        ("sqlsink exactly_once", "#d62728"),
+        ("sqlsink exactly_once, foreachBatch writer", "#1f77b4"),
+    ):
         pts = sorted(
             (p for p in scaling["points"] if p["method"] == method), key=lambda p: p["partitions"]
         )

@@ -4,6 +4,9 @@ At p = 1, 2, 4, 8: sqlsink ``exactly_once`` (the rows streamed in one batch,
 ``repartitionByRange(p, "id")``: p sessions with disjoint key ranges, no trap) against a plain
 binary COPY from p forked processes, each a contiguous range of the key (``copyload``, the
 rows encoded beforehand). Both load the same rows into a fresh table with the primary key.
+A third method is the foreachBatch writer on the same frame: it sorts each partition by
+the table's key (its default, ``order_by_key``), so its sessions send what COPY sends,
+in the same order, and the difference is the sink's own work at the server.
 
 The figure that matters where executors run on other machines than the database is the
 server's CPU per row (read from the postmaster and its children, ``cpu.py``): on this 2-core
@@ -19,17 +22,19 @@ order Spark read the files, not in key order: the index then splits pages in the
 from __future__ import annotations
 
 import statistics
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from copyload import Layout, check_table, encode_sessions, load_at_once, read_sorted, reset
 from pgstats import ServerMeter, relation_mb, spread
-from streaming import Sink, read_stream, run_available_now
+from streaming import Sink, read_stream, run_available_now, run_foreach_batch_available_now
 from workload import TABLE_DDL, Dataset
 
 TABLE = "scale_rows"
-METHODS = ("plain COPY", "sqlsink exactly_once")
+FOREACH_BATCH = "sqlsink exactly_once, foreachBatch writer"
+METHODS = ("plain COPY", "sqlsink exactly_once", FOREACH_BATCH)
 
 
 def measure_scaling(
@@ -65,10 +70,23 @@ def measure_scaling(
         index_mb = relation_mb(url, f"{TABLE}_pkey")
         return {"seconds": result.seconds, **meter.result, "index_mb": index_mb}
 
+    def writer_run(p: int) -> dict[str, Any]:
+        import sqlsink
+
+        reset(url, TABLE, TABLE_DDL)
+        frame = read_stream(spark, data.path).repartitionByRange(p, "id")
+        writer = sqlsink.ForeachBatchWriter(url=url, sink_id=f"scale-{uuid.uuid4().hex[:12]}")
+        with ServerMeter(url) as meter:
+            result = run_foreach_batch_available_now(frame, writer.to(TABLE), checkpoints, "fb")
+        check_table(url, TABLE, data.rows)
+        index_mb = relation_mb(url, f"{TABLE}_pkey")
+        return {"seconds": result.seconds, **meter.result, "index_mb": index_mb}
+
+    runners = {"plain COPY": copy_run, "sqlsink exactly_once": sink_run, FOREACH_BATCH: writer_run}
     for round_number in range(1, repeat + 1):
         for p in partitions:
             for method in METHODS:
-                run = copy_run if method == "plain COPY" else sink_run
+                run = runners[method]
                 got = attempt(
                     f"scaling: {method}, {p} partitions (round {round_number}/{repeat})",
                     lambda run=run, p=p: run(p),  # type: ignore[misc]
@@ -105,10 +123,11 @@ def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]], rows: int) -> d
         copy = by_key.get(("plain COPY", p))
         if method == "plain COPY" or copy is None:
             continue
+        name = "sqlsink" if method == "sqlsink exactly_once" else method
         if pt["postgres_cpu_s_per_m_rows"] and copy["postgres_cpu_s_per_m_rows"]:
-            ratios[f"server CPU, sqlsink / COPY at {p}"] = (
+            ratios[f"server CPU, {name} / COPY at {p}"] = (
                 pt["postgres_cpu_s_per_m_rows"]["median"]
                 / copy["postgres_cpu_s_per_m_rows"]["median"]
             )
-        ratios[f"rows/s, sqlsink / COPY at {p}"] = pt["rows_per_s"] / copy["rows_per_s"]
+        ratios[f"rows/s, {name} / COPY at {p}"] = pt["rows_per_s"] / copy["rows_per_s"]
     return {"rows": rows, "points": points, "ratios": ratios}

@@ -94,6 +94,25 @@ def start_query(frame: Any, sink: Sink, checkpoints: Path, trigger: dict[str, An
     return writer.trigger(**trigger).start()
 
 
+def run_foreach_batch_available_now(
+    frame: Any, function: Any, checkpoints: Path, name: str
+) -> StreamRun:
+    """The same through ``foreachBatch(function)``, with a fresh checkpoint."""
+    checkpoint = checkpoints / f"{name}-{uuid.uuid4().hex[:12]}"
+    started = time.perf_counter()
+    query = (
+        frame.writeStream.foreachBatch(function)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"streaming query through foreachBatch failed: {query.exception()}")
+    return StreamRun(seconds, list(query.recentProgress))
+
+
 def run_available_now(frame: Any, sink: Sink, checkpoints: Path) -> StreamRun:
     """Drain the source with trigger(availableNow=True); timed from start() to the end."""
     started = time.perf_counter()

@@ -78,9 +78,11 @@ def test_quick_issue16_measures_run_and_have_their_fields(tmp_path: Path) -> Non
 
     scaling = measures["scaling"]
     methods = {(p["method"], p["partitions"]) for p in scaling["points"]}
-    assert methods == {(m, p) for m in ("plain COPY", "sqlsink exactly_once") for p in (1, 2)}
+    scaled = ("plain COPY", "sqlsink exactly_once", "sqlsink exactly_once, foreachBatch writer")
+    assert methods == {(m, p) for m in scaled for p in (1, 2)}
     assert all(p["postgres_cpu_s_per_m_rows"]["median"] > 0 for p in scaling["points"])
     assert "server CPU, sqlsink / COPY at 2" in scaling["ratios"]
+    assert "server CPU, sqlsink exactly_once, foreachBatch writer / COPY at 2" in scaling["ratios"]
 
     peers = {m["method"] for m in measures["peers"]["methods"]}
     assert {
@@ -97,6 +99,8 @@ def test_quick_issue16_measures_run_and_have_their_fields(tmp_path: Path) -> Non
     assert cost["sinks"]["fb_exactly_once"]["commit_ms"]["median"] > 0
     assert cost["sinks"]["noop"]["trigger_ms"]["n"] > 0
     assert cost["statements"]["statements_per_batch"]["driver commit"] > 0
+    handoff = cost["statements"]["last_prepare_to_commit_ms"]  # Spark's, from the server log
+    assert handoff is not None and handoff["n"] > 0 and handoff["median"] > 0
     new_measures_s = sum(results["timings"][name] for name in ISSUE16)
     print(f"issue 16's measures in --quick mode: {new_measures_s:.0f} s")
     assert out.with_suffix(".png").stat().st_size > 10_000  # the plot of these measures
