@@ -7,6 +7,9 @@ written exactly once, nothing stays prepared."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import psycopg
 import pytest
 
@@ -23,6 +26,29 @@ def _runs(url: str, sink: str) -> list[str]:
             "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s ORDER BY first_seen", (sink,)
         )
         return [str(r[0]) for r in found]
+
+
+@contextmanager
+def _two_runs(server: PgServer) -> Iterator[tuple[Writer, Writer]]:
+    """On a server this run may crash: a table, run-old having written batch 0, and
+    run-new of the same query (its writer); the sink's log is forgotten afterwards."""
+    url, sink, table = server.url, new_sink(), f"t_{new_sink().replace('-', '_')}"
+    make_table(url, table)
+    try:
+        old = Writer(url, table, sink, query_id="q", run="run-old")
+        old.batch(0, range(5))
+        yield old, Writer(url, table, sink, query_id="q", run="run-new")
+    finally:
+        forget_sink(url, sink)
+
+
+def _fenced_and_exactly(old: Writer, rows: int) -> None:
+    """The old run may not write any more, the table holds ids 0 .. rows - 1 once each,
+    and nothing of the sink is left prepared."""
+    with pytest.raises(FencedError, match="superseded by run run-new"):
+        old.write(2, range(rows, rows + 3))
+    assert ids_of(old.url, old.table) == list(range(rows))
+    assert prepared_of(old.url, old.sink) == []
 
 
 def test_a_registration_does_not_wait_for_the_wal_flush(pg_url: str, keyed: str, sink: str) -> None:
@@ -49,21 +75,11 @@ def test_a_registration_does_not_wait_for_the_wal_flush(pg_url: str, keyed: str,
 def test_a_decision_is_never_durable_without_the_registration_before_it(
     own_server: PgServer,
 ) -> None:
-    url, sink, table = own_server.url, new_sink(), f"t_{new_sink().replace('-', '_')}"
-    make_table(url, table)
-    try:
-        old = Writer(url, table, sink, query_id="q", run="run-old")
-        old.batch(0, range(5))
-        new = Writer(url, table, sink, query_id="q", run="run-new")
+    with _two_runs(own_server) as (old, new):
         new.batch(1, range(5, 10))  # registers (no flush of its own), then decides (flushed)
         own_server.crash_and_restart()
-        assert _runs(url, sink) == ["run-old", "run-new"]
-        with pytest.raises(FencedError, match="superseded by run run-new"):
-            old.write(2, range(10, 15))
-        assert ids_of(url, table) == list(range(10))
-        assert prepared_of(url, sink) == []
-    finally:
-        forget_sink(url, sink)
+        assert _runs(new.url, new.sink) == ["run-old", "run-new"]
+        _fenced_and_exactly(old, 10)
 
 
 def test_a_registration_a_crash_lost_is_made_again_and_the_batch_lands_once(
@@ -73,27 +89,17 @@ def test_a_registration_a_crash_lost_is_made_again_and_the_batch_lands_once(
     registration is lost (or, when the WAL writer got to it first, kept). Either way the
     run's next step registers it again, the old run is fenced from then on, and the batch
     is written exactly once."""
-    url, sink, table = own_server.url, new_sink(), f"t_{new_sink().replace('-', '_')}"
-    make_table(url, table)
-    try:
-        old = Writer(url, table, sink, query_id="q", run="run-old")
-        old.batch(0, range(5))
-        new = Writer(url, table, sink, query_id="q", run="run-new")
+    with _two_runs(own_server) as (old, new):
+        url, sink = new.url, new.sink
         with psycopg.connect(url, autocommit=True) as conn:
             backend = PostgresBackend(conn, 5.0)  # type: ignore[arg-type]
             assert backend.register_run(sink, new.run, 60, holds_lock=False) is None
         own_server.crash_and_restart()
-        runs_after_crash = _runs(url, sink)
-        assert runs_after_crash in (["run-old"], ["run-old", "run-new"])
+        assert _runs(url, sink) in (["run-old"], ["run-old", "run-new"])
         outcomes: list[PartitionOutcome | None] = [
             new.write(1, range(5, 10), 0),
             new.write(1, range(10, 12), 1),
         ]
         new.commit(1, outcomes)
         assert _runs(url, sink) == ["run-old", "run-new"]
-        with pytest.raises(FencedError, match="superseded by run run-new"):
-            old.write(2, range(12, 15))
-        assert ids_of(url, table) == list(range(12))
-        assert prepared_of(url, sink) == []
-    finally:
-        forget_sink(url, sink)
+        _fenced_and_exactly(old, 12)
