@@ -30,7 +30,13 @@ import pyarrow.compute as pc
 from copyload import Layout, check_table, encode_sessions, load_at_once, read_sorted, reset
 from pgstats import ServerMeter, spread
 from server import jdbc_target
-from streaming import Sink, read_stream, run_available_now, start_query
+from streaming import (
+    Sink,
+    read_stream,
+    run_available_now,
+    run_foreach_batch_available_now,
+    start_query,
+)
 from workload import TABLE_DDL, Dataset
 
 TABLE = "peer_rows"
@@ -91,21 +97,8 @@ def jdbc_each_batch(url: str, table: str) -> Callable[[Any, int], None]:
 def run_foreach_batch(
     spark: Any, data: Dataset, fn: Callable[[Any, int], None], work: Path
 ) -> float:
-    import time
-
     frame = read_stream(spark, data.path)
-    started = time.perf_counter()
-    checkpoint = work / f"foreach-{time.time_ns()}"
-    query = (
-        frame.writeStream.foreachBatch(fn)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise RuntimeError(f"foreachBatch query failed: {query.exception()}")
-    return time.perf_counter() - started
+    return run_foreach_batch_available_now(frame, fn, work, "foreach").seconds
 
 
 def measure_peers(

@@ -3,7 +3,8 @@
 With ``synchronous_standby_names`` set (and ``synchronous_commit`` on, remote_write or
 remote_apply), every transaction that wrote something waits at its end until a
 standby confirms it: a PREPARE TRANSACTION, a COMMIT PREPARED, and each write to the
-commit log. A standby that does not answer makes that wait endless. ``lock_timeout``
+commit log that waits for its flush (a run's registration and a batch's figures do not:
+docs/DESIGN.md 4.4). A standby that does not answer makes that wait endless. ``lock_timeout``
 does not apply; ``statement_timeout`` does not either, except for COMMIT/ROLLBACK
 PREPARED (PostgreSQL disarms it before a statement's own commit, where the wait of a
 plain write or of PREPARE TRANSACTION happens). Only a cancel ends the wait, with a
