@@ -20,17 +20,6 @@ from sqlsink.postgres.commit_log import binding_of
 from sqlsink.postgres.connection import Connection
 
 _REGISTER = "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s)"
-# A registration (fencing token, heartbeat, the lock holder's session) is committed
-# without waiting for its WAL flush (docs/DESIGN.md 4.3): WAL is one sequence, so the
-# first later commit that is flushed (a decision, a PREPARE, a COMMIT or ROLLBACK
-# PREPARED: all synchronous) flushes the registration before it. A crash can lose only
-# a registration that nothing durable has followed yet: as if the run had not registered
-# this time; it registers again at its next step. Saves a flush on every registration,
-# two of them before each batch's decision.
-_REGISTER_NO_FLUSH = (
-    "SELECT sqlsink.register_run(%s, %s, make_interval(secs => %s), %s) "
-    "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
-)
 
 
 def register_run(
@@ -48,15 +37,17 @@ def register_run(
     transaction: when it raises, nothing is recorded. ``token``: the driver's, recorded
     once (schema version 7: the caller passes it only from that version on)."""
     args = (sink_id, run_id, live_for_s, holds_lock)
-    if admit is None:
-        # one statement, its own transaction: set_config(..., true) holds until its commit
-        # (inside a caller's transaction, that transaction's commit decides)
-        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        row = conn.execute(_REGISTER_NO_FLUSH if idle else _REGISTER, args).fetchone()
-        _record_token(conn, sink_id, run_id, token, row)
-    else:  # pipelined: BEGIN, the insert and the select in one round trip
-        with conn.pipeline(), conn.transaction():
-            conn.execute("SET LOCAL synchronous_commit = off")  # _REGISTER_NO_FLUSH says why
+    # Its own transaction does not wait for its WAL flush (docs/DESIGN.md 4.4): WAL is one
+    # sequence, so the first later commit that is flushed (a decision, a PREPARE, a COMMIT
+    # or ROLLBACK PREPARED: all synchronous) flushes the registration before it. A crash
+    # can lose only a registration nothing durable has followed: as if the run had not
+    # registered this time; it registers again at its next step. Inside a caller's
+    # transaction (a savepoint here) that transaction's own commit decides instead.
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with conn.pipeline(), conn.transaction():  # BEGIN .. the select: one round trip
+        if own:
+            conn.execute("SET LOCAL synchronous_commit = off")
+        if admit is not None:
             conn.execute(
                 "INSERT INTO sqlsink.sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
                 (sink_id,),
@@ -70,8 +61,8 @@ def register_run(
             assert bound_row is not None
             writer, query_id, highest = bound_row
             admit(binding_of(writer, query_id), None if highest is None else int(highest))
-            row = conn.execute(_REGISTER, args).fetchone()
-            _record_token(conn, sink_id, run_id, token, row)
+        row = conn.execute(_REGISTER, args).fetchone()
+        _record_token(conn, sink_id, run_id, token, row)
     return None if row is None or row[0] is None else str(row[0])
 
 

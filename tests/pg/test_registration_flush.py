@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.committer import Committer
+from sqlsink.core.model import Binding, PartitionOutcome
 from sqlsink.errors import FencedError
 from sqlsink.postgres.backend import PostgresBackend
 from tests.fix_pg import PgServer, forget_sink
@@ -54,16 +55,15 @@ def _fenced_and_exactly(old: Writer, rows: int) -> None:
 def test_a_registration_does_not_wait_for_the_wal_flush(pg_url: str, keyed: str, sink: str) -> None:
     """Before: every registration flushed (the flush LSN passed its commit at once).
     The WAL writer flushes in the background every 200 ms, so one of ten back-to-back
-    registrations may find its commit flushed by it; not all of them."""
+    registrations may find its commit flushed by it; not all of them. Through the
+    committer's own call, as a commit and a task register (the binding admitted)."""
     Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(3))
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        backend = PostgresBackend(conn, 5.0)  # type: ignore[arg-type]
+        committer = Committer(PostgresBackend(conn, 5.0), sink)  # type: ignore[arg-type]
         behind = 0
         for number in range(10):
             for holds_lock in (False, True):
-                assert (
-                    backend.register_run(sink, f"run-{number}", 60, holds_lock=holds_lock) is None
-                )
+                committer.register(f"run-{number}", holds_lock=holds_lock, writer=Binding.of("q"))
                 row = conn.execute(
                     "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()"
                 ).fetchone()
@@ -92,8 +92,8 @@ def test_a_registration_a_crash_lost_is_made_again_and_the_batch_lands_once(
     with _two_runs(own_server) as (old, new):
         url, sink = new.url, new.sink
         with psycopg.connect(url, autocommit=True) as conn:
-            backend = PostgresBackend(conn, 5.0)  # type: ignore[arg-type]
-            assert backend.register_run(sink, new.run, 60, holds_lock=False) is None
+            committer = Committer(PostgresBackend(conn, 5.0), sink)  # type: ignore[arg-type]
+            committer.register(new.run, holds_lock=False, writer=Binding.of("q"))
         own_server.crash_and_restart()
         assert _runs(url, sink) in (["run-old"], ["run-old", "run-new"])
         outcomes: list[PartitionOutcome | None] = [
