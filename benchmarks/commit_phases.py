@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 
 from batch_cost import TABLE, TRIGGER, cost_frame
 from copyload import reset
-from report import machine_facts
+from report import machine_facts, write_results
 from server import postgres, server_facts
 from streaming import start_session
 from workload import TABLE_DDL
@@ -74,6 +73,10 @@ STEPS = (
     "batch figures",
     "server re-check",
 )
+
+
+def say(message: str) -> None:
+    print(f"[commit_phases] {message}", flush=True)
 
 
 class Steps:
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             results["postgres"] = server_facts(url)
             for config in CONFIGS:
-                print(f"[commit_phases] {config} ...", flush=True)
+                say(f"{config} ...")
                 results["configs"][config] = run_config(
                     spark, url, steps, config, args.batches, args.warmup
                 )
@@ -334,12 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     print_report(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"[commit_phases] wrote {args.out}")
-    if not args.no_plot:
-        write_plot(results, args.out.with_suffix(".png"))
-        print(f"[commit_phases] wrote {args.out.with_suffix('.png')}")
+    write_results(
+        results,
+        args.out,
+        None if args.no_plot else write_plot,
+        lambda m: print(f"[commit_phases] {m}"),
+    )
     return 0
 
 

@@ -5,11 +5,28 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+
+def write_results(
+    results: dict[str, Any],
+    out: Path,
+    plot: Callable[[dict[str, Any], Path], None] | None,
+    say: Callable[[str], None],
+) -> None:
+    """A stand-alone benchmark's JSON at ``out`` and, unless ``plot`` is None, its plot
+    beside it (``out`` with ``.png``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    say(f"wrote {out}")
+    if plot is not None:
+        plot(results, out.with_suffix(".png"))
+        say(f"wrote {out.with_suffix('.png')}")
 
 
 def machine_facts() -> dict[str, Any]:

@@ -46,7 +46,6 @@ README's Benchmarks section.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -58,7 +57,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from report import machine_facts
+from report import machine_facts, write_results
 from server import postgres, server_facts
 from workload import COPY_TYPES, TABLE_DDL, make_rows
 
@@ -428,12 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["total_seconds"] = time.perf_counter() - started
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     print_report(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    say(f"wrote {args.out}")
-    if not args.no_plot:
-        write_plot(results, args.out.with_suffix(".png"))
-        say(f"wrote {args.out.with_suffix('.png')}")
+    write_results(results, args.out, None if args.no_plot else write_plot, say)
     return 0
 
 
