@@ -21,7 +21,8 @@ changes; the wrappers cost a few µs a call):
   holder's session), the checkpoint check, the consistent view kept, the decision, each
   COMMIT PREPARED, the completion (markers deleted), the batch's figures, and the rest
   of the resolution (its reads of the log and of pg_prepared_xacts);
-- after it: the server re-check.
+- after it: the server re-check (it reads the server only when the batch's partitions or
+  slowest write grew past what the process measured before).
 
 Per batch, the median and p90 of each step in ms (a step that runs twice, as COMMIT
 PREPARED at 2 partitions, counts its sum), and of the whole function; the JSON and a
@@ -141,7 +142,7 @@ def instrument(steps: Steps) -> None:
     wrap(steps, PostgresBackend, "commit_prepared", "COMMIT PREPARED")
     wrap(steps, PostgresBackend, "mark_complete", "completion (markers deleted)")
     wrap(steps, PostgresBackend, "record_metrics", "batch figures")
-    wrap(steps, checks, "check_server", "server re-check")
+    wrap(steps, checks, "check_after_commit", "server re-check")
     wrap(steps, Committer, "commit_batch", "commit, in all")
 
     original_lock = PostgresBackend.sink_lock

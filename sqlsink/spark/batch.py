@@ -184,7 +184,7 @@ class Batch:
             self._abort(self.first_options, self.identity)
 
     def _commit(self, options: SinkOptions, identity: Identity) -> None:
-        from sqlsink.postgres.checks import check_server, log_findings
+        from sqlsink.postgres.checks import check_after_commit
         from sqlsink.spark.plan import CommitterSession
 
         sink_id = self.writer.sink_id
@@ -205,13 +205,14 @@ class Batch:
                     run_id=identity.run_id,
                 )
                 writes = [o.prepared_at - o.started_at for o in self.outcomes if o and o.gid]
-                findings = check_server(
+                check_after_commit(
                     committer.backend.conn,
+                    key=sink_id,
                     partitions=len(self.outcomes),
                     slowest_write_s=max(writes, default=None),
+                    partition_cap=options.max_partitions,
                     exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
                 )
-                log_findings(findings, key=sink_id)
         except BaseException:
             self._abort(options, identity)
             raise

@@ -231,17 +231,20 @@ class _SinkWriter:
     def _recheck_server(
         self, conn: Any, sink_id: str, outcomes: list[PartitionOutcome | None]
     ) -> None:
-        """Timeouts against the slowest partition write seen (logged when the verdict changes)."""
-        from sqlsink.postgres.checks import check_server, log_findings
+        """The server's timeouts and slots against this batch's partitions and slowest
+        write, when either grew past what this process measured (logged when the verdict
+        changes; otherwise the check before the batch already judged the same)."""
+        from sqlsink.postgres.checks import check_after_commit
 
         writes = [o.prepared_at - o.started_at for o in outcomes if o is not None and o.gid]
-        findings = check_server(
+        check_after_commit(
             conn,
+            key=sink_id,
             partitions=len(outcomes),
             slowest_write_s=max(writes, default=None),
+            partition_cap=self.options.max_partitions,
             exactly_once=self.options.semantic is Semantic.EXACTLY_ONCE,
         )
-        log_findings(findings, key=sink_id)
 
     def _abort(
         self,

@@ -284,3 +284,57 @@ def test_server_wide(caplog: pytest.LogCaptureFixture) -> None:
             require_prepared_transactions(conn, partitions=32)
     finally:
         pg.destroy()
+
+
+# -- the re-check after a commit ----------------------------------------------------------
+
+
+def test_the_recheck_after_a_commit_reads_the_server_only_when_a_measure_grew(
+    pg_server: PgServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """statement_timeout = 1s on the session. A batch whose slowest write was 0.2 s (3 x
+    = 0.6 s) is fine; one with fewer partitions and a shorter write reads nothing (given a
+    closed connection, it does not fail) until the interval since the last read is over;
+    one whose write took 0.5 s (1.5 s needed) is
+    warned about, after its commit; the next check before a batch judges with that 0.5 s,
+    so it agrees and says nothing more."""
+    key = f"recheck-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.INFO, logger="sqlsink")
+
+    def recheck(
+        conn: Conn, partitions: int, slowest: float, interval_s: float = 30.0
+    ) -> list[Finding] | None:
+        return checks.check_after_commit(
+            conn,
+            key=key,
+            partitions=partitions,
+            slowest_write_s=slowest,
+            partition_cap=None,
+            exactly_once=True,
+            interval_s=interval_s,
+        )
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if key in r.getMessage()]
+
+    with _connect(pg_server, options="-c statement_timeout=1s") as conn:
+        first = recheck(conn, 2, 0.2)
+        assert first is not None
+        assert {f.setting: f.level for f in first}["statement_timeout"] == OK
+        assert (checks.measured(key).partitions, checks.measured(key).slowest_write_s) == (2, 0.2)
+        closed = _connect(pg_server)
+        closed.close()
+        assert recheck(closed, 1, 0.1) is None
+        assert (checks.measured(key).partitions, checks.measured(key).slowest_write_s) == (2, 0.2)
+        assert said() == []
+        # the interval over, it reads again (free slots and connections change)
+        assert recheck(conn, 1, 0.1, interval_s=0.0) is not None
+        assert said() == []
+
+        assert recheck(conn, 2, 0.5) is not None
+        (warning,) = said()
+        assert warning.startswith(f"sqlsink {key}: statement_timeout = 1s (")
+        assert "3 x the slowest partition write (3 x 500ms = 1.5s)" in warning
+        again = check_at_start(conn, key=key)
+        assert {f.setting: f.level for f in again}["statement_timeout"] == WARNING
+        assert said() == [warning]

@@ -12,9 +12,11 @@ Three layers, so that the rules are testable without a server:
     exact statement that fixes it, at the level the value comes from.
 ``check_server(conn, ...)``
     Both. ``sqlsink check`` prints the findings; the sink calls
-    ``check_at_start`` when a query starts, which logs them through
+    ``check_at_start`` when it plans a batch, which logs them through
     ``log_findings`` (once, then again only when the verdict changes) and raises
-    ``ConfigError`` on an error.
+    ``ConfigError`` on an error, and ``check_after_commit`` after a commit whose
+    partition count or slowest write grew past what the process measured before;
+    both judge with the process's measures (``measured``), so they agree.
 
 The rules (DESIGN.md section 5)
 -------------------------------
@@ -63,12 +65,16 @@ a pure fallback), ``fixes`` (``describe_source``, ``fix_statement``), ``duration
 from __future__ import annotations
 
 from sqlsink.postgres.checks.at_start import (
+    Measured,
     Verdict,
     VerdictState,
+    check_after_commit,
     check_at_start,
     check_server,
     log_findings,
     max_prepared_transactions,
+    measured,
+    record_measures,
     require_prepared_transactions,
     server_address,
     verdict,
@@ -126,11 +132,13 @@ __all__ = [
     "TIMEOUTS",
     "WARNING",
     "Finding",
+    "Measured",
     "ServerSettings",
     "Setting",
     "Verdict",
     "VerdictState",
     "analyse",
+    "check_after_commit",
     "check_at_start",
     "check_server",
     "database_sql",
@@ -139,10 +147,12 @@ __all__ = [
     "format_seconds",
     "log_findings",
     "max_prepared_transactions",
+    "measured",
     "prepared_slots_needed",
     "quote_ident",
     "read_settings",
     "recommended",
+    "record_measures",
     "require_prepared_transactions",
     "role_fix",
     "role_sql",

@@ -4,7 +4,9 @@ logging of findings once per verdict."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.checks.model import DEFAULT_SAFETY_FACTOR, ERROR, OK, Finding
@@ -122,6 +124,78 @@ def log_findings(
     return True
 
 
+@dataclass
+class Measured:
+    """What this process has measured of a sink's batches: the most partitions a batch had
+    and the slowest partition write (BEGIN to PREPARE), in seconds."""
+
+    partitions: int | None = None
+    slowest_write_s: float | None = None
+    rechecked_at: float | None = None  # time.monotonic() of the last check_after_commit read
+
+
+# the re-check after a commit reads the server at least this often (seconds) even when
+# nothing measured grew: the free connections and prepared-transaction slots it judges
+# against a batch's partitions change with other users of the server
+RECHECK_INTERVAL_S = 30.0
+_MEASURED: dict[str, Measured] = {}  # key (as log_findings's) -> this process's measures
+
+
+def measured(key: str) -> Measured:
+    """What this process has measured for ``key`` so far (nothing yet: both None)."""
+    return _MEASURED.get(key, Measured())
+
+
+def record_measures(key: str, partitions: int | None, slowest_write_s: float | None) -> bool:
+    """Add a batch's measures to ``key``'s; whether either grew (a verdict on them may change:
+    a longer write needs longer timeouts, more partitions more slots and connections)."""
+    known = _MEASURED.setdefault(key, Measured())
+    grew = False
+    if partitions is not None and (known.partitions is None or partitions > known.partitions):
+        known.partitions = partitions
+        grew = True
+    if slowest_write_s is not None and (
+        known.slowest_write_s is None or slowest_write_s > known.slowest_write_s
+    ):
+        known.slowest_write_s = slowest_write_s
+        grew = True
+    return grew
+
+
+def check_after_commit(
+    conn: Connection,
+    *,
+    key: str,
+    partitions: int,
+    slowest_write_s: float | None,
+    partition_cap: int | None,
+    exactly_once: bool,
+    interval_s: float = RECHECK_INTERVAL_S,
+) -> list[Finding] | None:
+    """The re-check after a batch's commit, with the batch's measures: when they grew past
+    what this process measured before for ``key``, or ``interval_s`` after this process's
+    last re-check of ``key``. Otherwise the check before the batch (``check_at_start``,
+    at planning) judged the same settings with the same measures when it ran in this
+    process, or, in a planning process of its own, it judged its own measures and logs
+    through its own memory; so a steady stream reads the settings once per batch, not
+    twice. Returns the findings, or None when nothing was read. ``partition_cap`` (option
+    maxPartitions), when set, is the count judged, as before the batch."""
+    grew = record_measures(key, partitions, slowest_write_s)
+    known = _MEASURED[key]
+    now = time.monotonic()
+    if not grew and known.rechecked_at is not None and now - known.rechecked_at < interval_s:
+        return None
+    known.rechecked_at = now
+    findings = check_server(
+        conn,
+        partitions=partition_cap if partition_cap is not None else known.partitions,
+        slowest_write_s=known.slowest_write_s,
+        exactly_once=exactly_once,
+    )
+    log_findings(findings, key)
+    return findings
+
+
 def check_at_start(
     conn: Connection,
     *,
@@ -133,9 +207,17 @@ def check_at_start(
     logger: logging.Logger | None = None,
     state: VerdictState | None = None,
 ) -> list[Finding]:
-    """The driver's check when a query starts (or later, with what it has measured): log the
-    warnings through ``log_findings`` and raise ``ConfigError`` on an error, before any
-    data is written."""
+    """The check before a batch's data (the planning of each batch): log the warnings
+    through ``log_findings`` and raise ``ConfigError`` on an error, before any data is
+    written. Judged with what this process has measured for ``key`` (``measured``) where
+    the caller gives less, so that this check and ``check_after_commit`` reach the same
+    verdict on the same settings: sharing ``log_findings``'s memory, two different
+    verdicts would each be logged again at every batch."""
+    known = measured(key)
+    if partitions is None:
+        partitions = known.partitions
+    if known.slowest_write_s is not None:
+        slowest_write_s = max(slowest_write_s or 0.0, known.slowest_write_s)
     findings = check_server(
         conn,
         trigger_interval_s=trigger_interval_s,
