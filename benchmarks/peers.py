@@ -11,10 +11,14 @@ partitions, ``trigger(availableNow=True)``) into the same fresh table with the p
   psycopg2's ``execute_values`` sends, with a page of 1,000 instead of its default 100); against
   sqlsink ``exactly_once`` with ``mode=upsert``;
 * append into the empty table: Spark's JDBC writer called from ``foreachBatch`` with
-  ``reWriteBatchedInserts=true`` against sqlsink ``exactly_once`` (append).
+  ``reWriteBatchedInserts=true`` against sqlsink ``exactly_once`` (append);
+* Spark's own floor: the same stream into the ``noop`` sink (no ratio; what any sink pays).
 
 The runs go round-robin over the methods, ``repeat`` rounds; medians with min and max, the
-server's CPU beside them.
+server's CPU beside them, and where the machine's CPU went (``cpu.CpuMeter``: the JVM,
+Spark's Python workers, PostgreSQL, the rest). Spark and PostgreSQL share this machine's
+cores, so an append's wall time follows the CPU-seconds all of them spend: the figure
+that tells whether a sink can be twice as fast as another here.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 from copyload import Layout, check_table, encode_sessions, load_at_once, read_sorted, reset
+from cpu import CpuMeter
 from pgstats import ServerMeter, spread
 from server import jdbc_target
 from streaming import (
@@ -40,6 +45,7 @@ from streaming import (
 from workload import TABLE_DDL, Dataset
 
 TABLE = "peer_rows"
+FLOOR = "Spark noop sink (Spark's own floor)"
 PAGE = 1_000
 UPSERT_SQL = (
     "INSERT INTO {table} (id, ts, n, x, s) VALUES {values} ON CONFLICT (id) DO UPDATE SET "
@@ -138,15 +144,20 @@ def measure_peers(
                 prefill()
             else:
                 reset(url, TABLE, TABLE_DDL)
-            with ServerMeter(url) as meter:
+            with ServerMeter(url) as meter, CpuMeter() as cpu:
                 if isinstance(fn, Sink):
                     seconds = run_available_now(
                         read_stream(spark, data.path), fn, checkpoints
                     ).seconds
                 else:
                     seconds = run_foreach_batch(spark, data, fn, checkpoints)
-            check_upsert() if upsert else check_table(url, TABLE, data.rows)
-            return {"seconds": seconds, **meter.result}
+            if isinstance(fn, Sink) and fn.format == "noop":
+                pass  # nothing written
+            elif upsert:
+                check_upsert()
+            else:
+                check_table(url, TABLE, data.rows)
+            return {"seconds": seconds, **meter.result, "cpu_s": cpu.split}
 
         return run
 
@@ -173,6 +184,7 @@ def measure_peers(
             "append",
             streamed(jdbc_each_batch(url, TABLE), False),
         )
+    methods[FLOOR] = ("floor", streamed(Sink.noop(), False))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
     for round_number in range(1, repeat + 1):
         for name, (_, run) in methods.items():
@@ -185,6 +197,8 @@ def measure_peers(
             continue
         seconds = [r["seconds"] for r in found]
         cpu = [r["postgres_cpu_s"] * 1e6 / data.rows for r in found if r.get("postgres_cpu_s")]
+        splits = [r["cpu_s"] for r in found if r.get("cpu_s")]
+        groups = sorted({g for split in splits for g in split})
         results.append(
             {
                 "method": name,
@@ -193,6 +207,11 @@ def measure_peers(
                 "seconds": spread(seconds),
                 "rows_per_s": data.rows / statistics.median(seconds),
                 "postgres_cpu_s_per_m_rows": spread(cpu) if cpu else None,
+                # median CPU-seconds per million rows of each process group (cpu.CpuMeter)
+                "cpu_s_per_m_rows": {
+                    g: statistics.median(s.get(g, 0.0) for s in splits) * 1e6 / data.rows
+                    for g in groups
+                },
                 "load_1m": [r["load_1m_before"] for r in found],
                 "runs": found,
             }
@@ -201,8 +220,10 @@ def measure_peers(
 
 
 def peer_ratios(results: list[dict[str, Any]]) -> dict[str, float]:
-    """sqlsink's rows/s over each peer's (higher = sqlsink faster)."""
+    """sqlsink's rows/s over each peer's (higher = sqlsink faster), and for each the
+    machine's CPU-seconds the peer spent over sqlsink's ("machine CPU")."""
     rate = {r["method"]: r["rows_per_s"] for r in results}
+    machine = {r["method"]: r["cpu_s_per_m_rows"].get("machine_total") for r in results}
     out: dict[str, float] = {}
     for ours, kind in (
         ("sqlsink exactly_once, upsert", "upsert"),
@@ -213,6 +234,9 @@ def peer_ratios(results: list[dict[str, Any]]) -> dict[str, float]:
         for r in results:
             if r["kind"] == kind and r["method"] != ours:
                 out[f"{ours} / {r['method']}"] = rate[ours] / r["rows_per_s"]
+                theirs, mine = machine[r["method"]], machine[ours]
+                if theirs and mine:
+                    out[f"{ours} / {r['method']}, machine CPU"] = theirs / mine
     return out
 
 

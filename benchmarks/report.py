@@ -273,11 +273,18 @@ def print_scaling(scaling: dict[str, Any]) -> None:
 
 def print_peers(peers: dict[str, Any]) -> None:
     print(f"peers: {peers['rows']:,} rows, medians [min-max]")
-    print(f"{'method':<56} {'seconds':>18} {'rows/s':>9} {'PG CPU-s/M':>18}")
+    print(
+        f"{'method':<56} {'seconds':>18} {'rows/s':>9} {'PG CPU-s/M':>18}  "
+        "machine CPU-s/M: JVM + Python workers + PostgreSQL + driver + rest"
+    )
     for m in peers["methods"]:
+        split = m.get("cpu_s_per_m_rows") or {}
+        parts = ("jvm", "python_workers", "postgres", "driver", "rest")
+        where = " + ".join(f"{split.get(g, 0.0):.2f}" for g in parts)
         print(
             f"{m['method']:<56} {_spread(m['seconds']):>18} {m['rows_per_s']:>9,.0f} "
-            f"{_spread(m.get('postgres_cpu_s_per_m_rows')):>18}"
+            f"{_spread(m.get('postgres_cpu_s_per_m_rows')):>18}  "
+            f"{split.get('machine_total', 0.0):.2f} = {where}"
         )
     for name, value in peers.get("ratios", {}).items():
         print(f"  {name:<100} {value:.2f}x")
@@ -437,7 +444,7 @@ def plot_peers(ax: Any, peers: dict[str, Any] | None) -> None:
     ax.set_title("peers in the same run: rows/s (median, min-max)")
     if not peers:
         return
-    methods = peers["methods"]
+    methods = [m for m in peers["methods"] if m.get("kind") != "floor"]  # off the scale
     rates = [m["rows_per_s"] / 1000 for m in methods]
     lows = [m["rows"] / m["seconds"]["max"] / 1000 for m in methods]
     highs = [m["rows"] / m["seconds"]["min"] / 1000 for m in methods]
@@ -461,6 +468,7 @@ def plot_peers(ax: Any, peers: dict[str, Any] | None) -> None:
         "sqlsink exactly_once, upsert": "sqlsink\nexactly_once,\nupsert",
         "sqlsink exactly_once, append": "sqlsink\nexactly_once,\nappend",
         "Spark JDBC via foreachBatch, reWriteBatchedInserts": "Spark JDBC,\nreWrite…",
+        "Spark noop sink (Spark's own floor)": "Spark\nnoop",
     }
     ax.set_xticks(xs, [short.get(m["method"], wrap(m["method"])) for m in methods], fontsize=7)
     ax.set_ylabel("thousand rows/s")

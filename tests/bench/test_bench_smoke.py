@@ -89,8 +89,18 @@ def test_quick_issue16_measures_run_and_have_their_fields(tmp_path: Path) -> Non
         "hand-written upsert, executemany",
         "sqlsink exactly_once, upsert",
         "sqlsink exactly_once, append",
+        "Spark noop sink (Spark's own floor)",
     } <= peers  # the JDBC peer runs when its jar is installed
     assert measures["peers"]["ratios"]
+    for method in measures["peers"]["methods"]:  # where the machine's CPU went
+        split = method["cpu_s_per_m_rows"]
+        assert split["machine_total"] > 0 and split["jvm"] > 0, method["method"]
+        if method["method"].startswith("sqlsink"):
+            assert split["python_workers"] > 0 and split["postgres"] > 0
+    assert (
+        "sqlsink exactly_once, upsert / hand-written upsert, executemany, machine CPU"
+        in (measures["peers"]["ratios"])
+    )
 
     cost = measures["batch_cost"]
     assert cost["sinks"]["exactly_once"]["trigger_to_visible_ms"]["n"] > 0
