@@ -118,6 +118,36 @@ def run_query(
         raise query.exception()
 
 
+def run_foreach_batch(
+    spark: Any, source: Path, checkpoint: Path, function: Any, partitions: int | None = None
+) -> None:
+    """The source's files, one a batch, through ``foreachBatch(function)`` until drained
+    (``repartition(partitions)`` first when given); raise the query's error if it failed."""
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    if partitions:
+        events = events.repartition(partitions)
+    query = (
+        events.writeStream.foreachBatch(function)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise query.exception()
+
+
+def keyed_table(url: str, table: str) -> None:
+    """A table of SCHEMA's columns with ``id`` its primary key."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, payload text, ts timestamptz, "
+                "amount float8)"
+            ).format(sql.Identifier(table))
+        )
+
+
 def table_ids(url: str, table: str) -> list[int]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))

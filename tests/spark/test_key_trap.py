@@ -18,20 +18,10 @@ from psycopg import sql
 
 import sqlsink
 from tests.programs import run_program
-from tests.spark.streams import SCHEMA, table_ids, write_source
+from tests.spark.streams import keyed_table, run_foreach_batch, table_ids, write_source
 
 pytestmark = pytest.mark.spark
 ADVICE = "partition(s) wrote their rows in random order of the key 'id'"
-
-
-def keyed_table(url: str, table: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (id bigint PRIMARY KEY, payload text, ts timestamptz, "
-                "amount float8)"
-            ).format(sql.Identifier(table))
-        )
 
 
 def order_by_transaction(url: str, table: str) -> list[list[list[int]]]:
@@ -68,19 +58,8 @@ def test_the_foreach_batch_writer_sorts_by_the_key_or_warns_once(
     keyed_table(pg_url, table)
     writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", order_by_key=ordered)
     write_source(tmp_path / "src", [range(0, 3000), range(3000, 6000)])
-    events = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "src"))
-    )
     caplog.set_level(logging.WARNING, logger="sqlsink")
-    query = (
-        events.repartition(2)
-        .writeStream.foreachBatch(writer.to(table))
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    assert query.exception() is None
+    run_foreach_batch(spark, tmp_path / "src", tmp_path / "chk", writer.to(table), partitions=2)
     assert table_ids(pg_url, table) == list(range(6000))
     transactions = order_by_transaction(pg_url, table)
     assert len(transactions) == 4

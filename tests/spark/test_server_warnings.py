@@ -8,12 +8,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 import sqlsink
-from tests.spark.streams import SCHEMA, table_ids, write_source
+from tests.spark.streams import keyed_table, run_foreach_batch, table_ids, write_source
 
 pytestmark = pytest.mark.spark
 TOO_SHORT = "statement_timeout = 1min"
@@ -33,28 +31,11 @@ def test_a_too_short_timeout_is_said_once_not_once_per_batch(
     warned and the re-check, sharing the warning's memory, said "now fine", in every one of
     the three batches (six lines); now: the first batch's warning, and once its write is
     measured, that the setting is fine: two lines for the query."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (id bigint PRIMARY KEY, payload text, ts timestamptz, "
-                "amount float8)"
-            ).format(sql.Identifier(table))
-        )
-    url = with_timeout(pg_url, "60s")
-    writer = sqlsink.ForeachBatchWriter(url=url, sink_id=f"fb-{table[2:]}")
+    keyed_table(pg_url, table)
+    writer = sqlsink.ForeachBatchWriter(url=with_timeout(pg_url, "60s"), sink_id=f"fb-{table[2:]}")
     write_source(tmp_path / "src", [range(0, 100), range(100, 200), range(200, 300)])
-    events = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "src"))
-    )
     caplog.set_level(logging.INFO, logger="sqlsink")
-    query = (
-        events.writeStream.foreachBatch(writer.to(table))
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    assert query.exception() is None
+    run_foreach_batch(spark, tmp_path / "src", tmp_path / "chk", writer.to(table))
     assert table_ids(pg_url, table) == list(range(300))
     said = [
         r.getMessage()
