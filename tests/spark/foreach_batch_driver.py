@@ -41,19 +41,10 @@ def two_tables(
 
 
 def run(spark: Any, source: Path, checkpoint: Path, function: Callable[[Any, int], None]) -> Any:
-    from tests.spark.streams import SCHEMA
+    """The source's files, one a batch, through ``function`` (tests/spark/streams.py)."""
+    from tests.spark.streams import run_foreach_batch
 
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    query = (
-        events.writeStream.foreachBatch(function)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise query.exception()
-    return query
+    return run_foreach_batch(spark, source, checkpoint, function)
 
 
 def main() -> int:

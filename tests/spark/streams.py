@@ -120,9 +120,10 @@ def run_query(
 
 def run_foreach_batch(
     spark: Any, source: Path, checkpoint: Path, function: Any, partitions: int | None = None
-) -> None:
+) -> Any:
     """The source's files, one a batch, through ``foreachBatch(function)`` until drained
-    (``repartition(partitions)`` first when given); raise the query's error if it failed."""
+    (``repartition(partitions)`` first when given); raise the query's error if it failed,
+    else return the query."""
     events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
     if partitions:
         events = events.repartition(partitions)
@@ -135,6 +136,7 @@ def run_foreach_batch(
     query.awaitTermination()
     if query.exception() is not None:
         raise query.exception()
+    return query
 
 
 def keyed_table(url: str, table: str) -> None:

@@ -18,30 +18,16 @@ from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import ConfigError, SinkBindingError
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.fb_windows import WINDOWS, TwoTables, killed_at, restarted
-from tests.spark.streams import SCHEMA, decided_batches, table_ids, write_source
+from tests.spark.streams import SCHEMA, decided_batches, run_foreach_batch, table_ids, write_source
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
 def stream(spark: Any, source: Path, checkpoint: Path, function: Any) -> Any:
-    """Run a foreachBatch query over ``source`` until drained; raise its error if it failed."""
-    events = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .repartition(2)
-    )
-    query = (
-        events.writeStream.foreachBatch(function)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise query.exception()
-    return query
+    """Run a foreachBatch query over ``source`` (two round-robin partitions) until drained;
+    raise its error if it failed."""
+    return run_foreach_batch(spark, source, checkpoint, function, partitions=2)
 
 
 def sink_prepared(server: PgServer) -> list[str]:
