@@ -20,13 +20,45 @@ _OUTCOME_SCHEMA = "outcome binary"
 
 
 def partition_count(df: Any) -> int | None:
-    """The DataFrame's partitions; None where Spark does not say (Spark Connect has no
-    RDDs). Asked once per DataFrame, before it is reshaped: the RDD of a range-partitioned
-    DataFrame would run the sampling job just to answer."""
+    """The DataFrame's partitions, when Spark can say without running anything; None where
+    it cannot (and on Spark Connect, which has no plans to ask). Asked once per DataFrame,
+    before it is reshaped.
+
+    A plan without a shuffle answers from its RDD, which builds no job. A plan with one is
+    adaptive (AQE): building its RDD runs its shuffle stages, and the write that follows
+    plans the DataFrame again and runs them again, so every batch would compute its input
+    twice (``df.rdd.getNumPartitions()`` did, for a stream after ``repartition(n)``). Its
+    count is read from the plan when the user fixed it (``repartition(n)``,
+    ``repartitionByRange(n, ...)``, below operators that keep it); the shuffles Spark adds
+    for a join or an aggregation are coalesced by AQE when they run, so their count is
+    unknown here. With AQE switched off, building the RDD runs nothing but a range
+    partitioning's sampling job, as asking Spark's own RDD always did."""
     try:
-        return int(df.rdd.getNumPartitions())
-    except Exception:  # Spark Connect: no RDD
+        execution = df._jdf.queryExecution()
+        plan = execution.executedPlan()
+        if plan.nodeName() != "AdaptiveSparkPlan":
+            return int(execution.toRdd().getNumPartitions())
+        return _fixed_by_user(plan.inputPlan())
+    except Exception:  # Spark Connect (no _jdf), or a Spark whose plans differ
         return None
+
+
+def _fixed_by_user(node: Any) -> int | None:
+    """The partition count of a physical plan when a user's repartition fixed it: its
+    exchange (of origin REPARTITION_BY_NUM), reached through the operators above it that
+    keep their child's partitioning."""
+    while True:
+        if node.getClass().getSimpleName() == "ShuffleExchangeExec":
+            if str(node.shuffleOrigin().toString()) == "REPARTITION_BY_NUM":
+                return int(node.outputPartitioning().numPartitions())
+            return None
+        children = node.children()
+        if children.size() != 1:
+            return None
+        child = children.apply(0)
+        if not node.outputPartitioning().equals(child.outputPartitioning()):
+            return None
+        node = child
 
 
 def capped(df: Any, options: SinkOptions, count: int | None) -> tuple[Any, int | None]:

@@ -286,6 +286,28 @@ def test_a_batch_with_more_partitions_than_slots_is_refused_before_writing(
     assert left == []
 
 
+def test_a_shuffled_input_is_computed_once(spark: Any, pg_url: str, table: str) -> None:
+    """A DataFrame after repartition(n), as a stream's batch often is: the writer needs its
+    partition count before the write. Asking Spark's RDD for it ran the shuffle's stage (an
+    adaptive plan builds its RDD by running it), and the write then ran it again: a UDF
+    before the shuffle counted each row twice. Now the count is read from the plan and
+    every row is computed once; the slot check still knows the batch's 3 partitions."""
+    from pyspark.sql import functions as F
+
+    computed = spark.sparkContext.accumulator(0)
+    # a lambda: PySpark reads a def's type hints as an Arrow UDF's
+    counted = F.udf(lambda value: (computed.add(1), value)[1], "bigint")
+    frame = spark.range(0, 3000, 1, 4).select(counted("id").alias("id")).repartition(3)
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", query_id="q-once", createTable="true"
+    )
+    with writer.batch(0) as batch:
+        batch.append(frame, table)
+        assert batch.planned == 3
+    assert table_ids(pg_url, table) == list(range(3000))
+    assert computed.value == 3000
+
+
 def test_complete_mode_replaces_the_table_with_each_batch_and_replays_nothing(
     spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
 ) -> None:
