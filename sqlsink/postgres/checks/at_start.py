@@ -146,7 +146,7 @@ def measured(key: str) -> Measured:
     return _MEASURED.get(key, Measured())
 
 
-def record_measures(key: str, partitions: int | None, slowest_write_s: float | None) -> bool:
+def _record_measures(key: str, partitions: int | None, slowest_write_s: float | None) -> bool:
     """Add a batch's measures to ``key``'s; whether either grew (a verdict on them may change:
     a longer write needs longer timeouts, more partitions more slots and connections)."""
     known = _MEASURED.setdefault(key, Measured())
@@ -180,7 +180,7 @@ def check_after_commit(
     through its own memory; so a steady stream reads the settings once per batch, not
     twice. Returns the findings, or None when nothing was read. ``partition_cap`` (option
     maxPartitions), when set, is the count judged, as before the batch."""
-    grew = record_measures(key, partitions, slowest_write_s)
+    grew = _record_measures(key, partitions, slowest_write_s)
     known = _MEASURED[key]
     now = time.monotonic()
     if not grew and known.rechecked_at is not None and now - known.rechecked_at < interval_s:
