@@ -59,6 +59,7 @@ from sqlsink.postgres.views.keeping import (
     sql_name,
 )
 from sqlsink.postgres.views.status import HiddenBatch, ViewInfo, find_views, hidden_batches
+from sqlsink.postgres.views.triggers import Trigger
 
 __all__ = [
     "FORMAT",
@@ -68,6 +69,7 @@ __all__ = [
     "ConsistentViews",
     "HiddenBatch",
     "State",
+    "Trigger",
     "ViewInfo",
     "ViewMark",
     "check_before_writing",
