@@ -328,3 +328,116 @@ def test_a_table_without_enabled_insert_triggers_keeps_its_view_whole(
         committer.recover()
     assert ids(pg_url, routed.view) == [0, 1, 2, *range(100, 105), *range(200, 205)]
     assert prepared_of(pg_url, sink) == []
+
+
+# -- an upsert or replace into a table a view of the sink shows ----------------------------
+
+
+@dataclass(frozen=True)
+class Keyed:
+    table: str  # (id bigint PRIMARY KEY, v text)
+    view: str
+
+
+@pytest.fixture
+def keyed_v(pg_url: str, sink: str) -> Iterator[Keyed]:
+    name = f"kv_{uuid.uuid4().hex[:10]}"
+    made = Keyed(name, f"{name}_whole")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        ensure_schema(conn)  # type: ignore[arg-type]
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(sql.Identifier(name))
+        )
+    yield made
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for gid in prepared_of(pg_url, sink):  # a failed test's
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        for table in (name, f"{name}_pt"):
+            drop = sql.SQL("DROP TABLE IF EXISTS {} CASCADE")  # with the view
+            conn.execute(drop.format(sql.Identifier(table)))
+
+
+def rows_of(url: str, relation: str) -> Rows:
+    return q(url, sql.SQL("SELECT id, v FROM {} ORDER BY id").format(sql.Identifier(relation)))
+
+
+OLD = [(1, "old"), (2, "old"), (3, "old"), (4, "old")]
+
+
+@pytest.mark.parametrize("mode", ["upsert", "replace"])
+def test_a_later_batch_that_upserts_a_table_the_sinks_view_shows_is_refused_before_its_job(
+    pg_url: str, sink: str, keyed_v: Keyed, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 0 appends keys 1..4 through the view; batch 1 of the same sink (a later
+    foreachBatch batch, or a restart of the data source with other options) upserts keys
+    1 and 3, no view given. Its committed partition would have deleted key 1's old
+    version, and the view hides the new one: key 1 would be in the table and in no
+    version in the view. Refused by the planning of batch 1, before its job."""
+    run = uuid.uuid4().hex
+    appender = Writer(
+        pg_url, keyed_v.table, sink, f"q-{sink}", run=run, extra={"consistentView": keyed_v.view}
+    )
+    rewriter = Writer(pg_url, keyed_v.table, sink, f"q-{sink}", run=run, extra={"mode": mode})
+    target = planned(appender, text=True)
+    appender.commit(0, [write(appender, target, 0, 0, [1, 2, 3, 4], "old")])
+    assert rows_of(pg_url, keyed_v.view) == OLD
+    dies_mid_commit(monkeypatch)
+    with pytest.raises(ConfigError) as refused:
+        target = planned(rewriter, text=True)  # the part's planning, before its job
+        outcomes: list[PartitionOutcome | None] = (
+            [write(rewriter, target, 1, 0, [1], "new"), write(rewriter, target, 1, 1, [3], "new")]
+            if mode == "upsert"
+            else [write(rewriter, target, 1, 0, [1, 3], "new")]  # replace: one partition
+        )
+        # dies after the first COMMIT PREPARED (for replace: before its markers are gone)
+        commit_dying(rewriter, 1, outcomes)
+        seen = rows_of(pg_url, keyed_v.view)
+        assert [k for k, _ in seen] == [1, 2, 3, 4], f"keys vanish from the view: {seen}"
+    monkeypatch.undo()
+    message = str(refused.value)
+    assert message == (
+        f"sink {sink}: table public.{keyed_v.table} cannot be written with mode={mode}: the "
+        f"sink's consistent view public.{keyed_v.view} shows it. A batch of that mode "
+        "replaces and deletes rows, and once one of its transactions is committed the rows "
+        "it replaced or deleted are gone, so no view can show the table as it was before "
+        f"the batch while the rest commits: readers of public.{keyed_v.view} would see rows "
+        f"vanish. Fix: write public.{keyed_v.table} with mode=append only, or, if no reader "
+        f"uses public.{keyed_v.view} any more, DROP VIEW public.{keyed_v.view} and give it no "
+        "longer (view=..., option consistentView). Nothing was written"
+    )
+    assert prepared_of(pg_url, sink) == []
+    assert rows_of(pg_url, keyed_v.table) == OLD
+    assert rows_of(pg_url, keyed_v.view) == OLD
+    # dropped (readers moved to the table), the same upsert goes through
+    q(pg_url, sql.SQL("DROP VIEW {}").format(sql.Identifier(keyed_v.view)))
+    target = planned(rewriter, text=True)
+    rewriter.commit(1, [write(rewriter, target, 1, 0, [1, 3], "new")])
+    expect = [(1, "new"), (2, "old"), (3, "new"), (4, "old")]
+    assert rows_of(pg_url, keyed_v.table) == (expect if mode == "upsert" else expect[::2])
+
+
+@pytest.mark.parametrize("viewed", ["the parent", "the partition"])
+def test_an_upsert_into_a_partition_or_the_parent_of_the_viewed_table_is_refused(
+    pg_url: str, sink: str, keyed_v: Keyed, viewed: str
+) -> None:
+    """A view over a partitioned table shows its partitions' rows, and a view over a
+    partition shows rows an upsert into its parent routes there: the same rewrite."""
+    parent = f"{keyed_v.table}_pt"
+    q(pg_url, f"CREATE TABLE {parent} (id bigint PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    q(pg_url, f"CREATE TABLE {parent}_0 PARTITION OF {parent} FOR VALUES FROM (0) TO (100)")
+    shown, written = (parent, f"{parent}_0") if viewed == "the parent" else (f"{parent}_0", parent)
+    appender = Writer(pg_url, shown, sink, f"q-{sink}", extra={"consistentView": keyed_v.view})
+    appender.commit(0, [write(appender, planned(appender, text=True), 0, 0, [1, 2], "old")])
+    upserter = Writer(pg_url, written, sink, f"q-{sink}", extra={"mode": "upsert"})
+    with pytest.raises(ConfigError) as refused:
+        planned(upserter, text=True)
+    message = str(refused.value)
+    assert message.startswith(
+        f"sink {sink}: table public.{written} cannot be written with mode=upsert: the "
+        f'sink\'s consistent view public.{keyed_v.view} shows it (its table "public".'
+        f'"{shown}" shares rows with public.{written}). '
+    ), message
+    assert prepared_of(pg_url, sink) == []
+    # another sink's view is that sink's: this sink's upsert is not refused by it
+    other = Writer(pg_url, written, f"{sink}-b", "q-other", extra={"mode": "upsert"})
+    planned(other, text=True)

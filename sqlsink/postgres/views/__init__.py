@@ -58,6 +58,7 @@ from sqlsink.postgres.views.keeping import (
     refusal,
     sql_name,
 )
+from sqlsink.postgres.views.rewrites import check_rewrite, rewrite_refusal, sharing_rows, shown_by
 from sqlsink.postgres.views.status import HiddenBatch, ViewInfo, find_views, hidden_batches
 from sqlsink.postgres.views.triggers import Trigger
 
@@ -73,6 +74,7 @@ __all__ = [
     "ViewInfo",
     "ViewMark",
     "check_before_writing",
+    "check_rewrite",
     "comment_text",
     "definition",
     "delete_stale_markers",
@@ -84,5 +86,8 @@ __all__ = [
     "quoted",
     "read_state",
     "refusal",
+    "rewrite_refusal",
+    "sharing_rows",
+    "shown_by",
     "sql_name",
 ]
