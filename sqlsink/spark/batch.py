@@ -96,6 +96,9 @@ class Batch:
             checkpoint=self.identity.checkpoint,
             view=view,
         )
+        from sqlsink.spark.plan import check_part  # views vs the batch's other parts
+
+        check_part(self, options)
         self._add_view(options)
         if self.first_options is None:
             self.first_options = options

@@ -5,22 +5,28 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
-from sqlsink.options import Semantic, SinkOptions
+from sqlsink.errors import ConfigError
+from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.postgres.target import TargetPlan
 from sqlsink.tablename import TableName
+
+if TYPE_CHECKING:
+    from sqlsink.spark.batch import Batch
 
 
 def plan_write(
     options: SinkOptions, schema: StructType, key: str, sink_id: str | None = None
 ) -> TargetPlan:
     """Before any data: the server's settings (``key`` names whose warnings these are), the
-    commit log, the view's refusals, and the target table matched against ``schema``."""
+    commit log, the view's refusals (the target's triggers; an upsert or replace into a
+    table that a view of the sink shows), and the target table matched against ``schema``."""
     from sqlsink.postgres import appnames, views
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
@@ -38,6 +44,10 @@ def plan_write(
             exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
         )
         ensure_schema(conn)
+        # an upsert or replace into a table one of the sink's views shows: before the job
+        owner = sink_id or options.sink_id  # the foreachBatch writer's is in its options
+        where = f"sink {owner}" if owner else f"table {options.table}"
+        views.check_rewrite(conn, options.table, options.mode, owner, where)
         view = options.consistent_view
         if view is not None:  # the tasks' markers must record their xid (schema 5)
             why = f"option consistentView={view}"
@@ -48,6 +58,72 @@ def plan_write(
         if view is not None:  # refusals before any data; the committer creates the view
             views.check_before_writing(conn, view, options.table, sink_id)
         return plan
+
+
+# the foreachBatch writer's batches: the tables their parts wrote with mode upsert or
+# replace so far, each with its part (a batch's views are its own: ``Batch.views``)
+_REWRITTEN: weakref.WeakKeyDictionary[Batch, dict[TableName, tuple[int, Mode]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def check_part(batch: Batch, options: SinkOptions) -> None:
+    """The foreachBatch writer, before a part's job: refuse an upsert or replace into a
+    table that a view given by an earlier part of the batch shows, and a view over a
+    table that an earlier part upserted or replaced (``views.rewrites``; the views made
+    by earlier batches are looked up by ``plan_write``). The batch's views are made at
+    its commit, so they are not in the database yet. A refused part writes nothing; the
+    error leaving the batch's block aborts what earlier parts prepared."""
+    rewritten = _REWRITTEN.setdefault(batch, {})
+    mode, table, view = options.mode, options.table, options.consistent_view
+    sink, batch_id = batch.writer.sink_id, batch.batch_id
+    if mode is not Mode.APPEND and batch.views:
+        shown = _shown(options, table, batch.views)
+        if shown is not None:
+            where = f"sink {sink}: batch {batch_id}, part {batch.parts}"
+            text = _rewrite_refusal(where, table, mode, shown, batch.views[shown])
+            raise ConfigError(
+                f"{text}. An earlier part of this batch gives the view; nothing of the "
+                "batch is committed",
+                batch=batch_id,
+            )
+    if view is not None:
+        for written, (part, written_mode) in rewritten.items():
+            if _shown(options, written, {view: table}) is not None:
+                where = f"sink {sink}: batch {batch_id}, part {part}"
+                text = _rewrite_refusal(where, written, written_mode, view, table)
+                raise ConfigError(
+                    f"{text}. Part {batch.parts} of this batch gives the view {view} of "
+                    f"table {table}; nothing of the batch is committed",
+                    batch=batch_id,
+                )
+    if mode is not Mode.APPEND:
+        rewritten.setdefault(table, (batch.parts, mode))
+
+
+def _shown(
+    options: SinkOptions, table: TableName, views: dict[TableName, TableName]
+) -> TableName | None:
+    """The first of ``views`` (view -> its table) that shows rows of ``table``: over the
+    table itself, else (a catalog read, only then) over a descendant or an ancestor."""
+    for view, viewed in views.items():
+        if viewed == table:
+            return view
+    from sqlsink.postgres import appnames
+    from sqlsink.postgres.sessions import session
+    from sqlsink.postgres.views import quoted, sharing_rows
+
+    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
+        related = sharing_rows(conn, table)
+    return next((v for v, viewed in views.items() if quoted(viewed) in related), None)
+
+
+def _rewrite_refusal(
+    where: str, table: TableName, mode: Mode, view: TableName, viewed: TableName
+) -> str:
+    from sqlsink.postgres.views import quoted, rewrite_refusal
+
+    return rewrite_refusal(where, table, mode, str(view), quoted(viewed))
 
 
 class CommitterSession:

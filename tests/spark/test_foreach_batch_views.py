@@ -179,3 +179,93 @@ def test_view_mistakes_are_refused_before_anything_is_committed(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass(%s)", ("v_" + table,)).fetchone() == (None,)
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(other)))
+
+
+@pytest.mark.parametrize("order", ["upsert after the view", "view after the upsert", "later batch"])
+def test_an_upsert_into_a_table_a_view_of_the_sink_shows_is_refused_before_its_job(
+    spark: Any,
+    pg_url: str,
+    table: str,
+    pg_server: PgServer,
+    order: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table holds keys 1..4. One part of the sink's batch appends keys 5..8 with
+    view=..., another upserts keys 1 and 3 (two partitions), in either order in one batch,
+    or the upsert in the next batch. The committed upsert partition deletes the old
+    versions and the view hides the new ones: a reader would see keys 1 and 3 vanish
+    while the batch is committed in part. Refused before the upsert's (or the view's)
+    job, with nothing of that batch committed. A reader looks after each COMMIT PREPARED
+    of the driver's commits."""
+    view = "v_" + table
+    sink = f"fb-{table[2:]}"
+    q = sql.SQL
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            q("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(sql.Identifier(table))
+        )
+        conn.execute(
+            q("INSERT INTO {} SELECT i, 'old' FROM generate_series(1, 4) i").format(
+                sql.Identifier(table)
+            )
+        )
+    seen: list[list[int]] = []
+
+    def look(name: str, batch_id: int, *args: object, **kwargs: object) -> None:
+        if name == "mid_commit":
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                rows = conn.execute(q("SELECT id FROM {} ORDER BY id").format(sql.Identifier(view)))
+                seen.append([int(r[0]) for r in rows])
+
+    monkeypatch.setattr("sqlsink.core.resolver.crash_point", look)
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink, query_id="q-rewrite")
+    appended = spark.range(5, 9).selectExpr("id", "'new' AS v").repartition(2)
+    upserted = spark.createDataFrame([(1, "new"), (3, "new")], "id long, v string").repartition(2)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            if order == "later batch":
+                with writer.batch(0) as b:
+                    b.append(appended, table, view=view)
+                with writer.batch(1) as b:
+                    b.upsert(upserted, table)
+            else:
+                with writer.batch(0) as b:
+                    if order == "upsert after the view":
+                        b.append(appended, table, view=view)
+                        b.upsert(upserted, table)
+                    else:
+                        b.upsert(upserted, table)
+                        b.append(appended, table, view=view)
+            whole = [1, 2, 3, 4, 5, 6, 7, 8]
+            torn = [s for s in seen if not set(s) <= set(whole) or not {1, 2, 3, 4} <= set(s)]
+            assert torn == [], f"keys vanish from the view mid-commit: {torn}"
+        message = str(refused.value)
+        part = {"upsert after the view": 1, "view after the upsert": 0, "later batch": 0}[order]
+        batch = 1 if order == "later batch" else 0
+        where = f"sink {sink}" + ("" if order == "later batch" else f": batch {batch}, part {part}")
+        assert message.startswith(
+            f"{where}: table public.{table} cannot be written with mode=upsert: the sink's "
+            f"consistent view public.{view} shows it. A batch of that mode replaces and deletes "
+            "rows"
+        ), message
+        assert f"DROP VIEW public.{view}" in message
+        after = {
+            "upsert after the view": "An earlier part of this batch gives the view; nothing of "
+            "the batch is committed",
+            "view after the upsert": f"Part 1 of this batch gives the view public.{view} of "
+            f"table public.{table}; nothing of the batch is committed",
+            "later batch": "Nothing was written",
+        }[order]
+        assert message.endswith(after), message
+        assert prepared_transactions(pg_server.admin_url) == []
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(q("SELECT id, v FROM {} ORDER BY id").format(sql.Identifier(table)))
+            expect = [(i, "old") for i in range(1, 5)]
+            if order == "later batch":  # batch 0 is committed, batch 1 refused
+                expect += [(i, "new") for i in range(5, 9)]
+            assert rows.fetchall() == expect
+            made = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"public.{view}",))
+            assert made.fetchone() == (order == "later batch",)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(q("DROP VIEW IF EXISTS {}").format(sql.Identifier(view)))

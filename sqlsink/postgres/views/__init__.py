@@ -58,7 +58,9 @@ from sqlsink.postgres.views.keeping import (
     refusal,
     sql_name,
 )
+from sqlsink.postgres.views.rewrites import check_rewrite, rewrite_refusal, sharing_rows, shown_by
 from sqlsink.postgres.views.status import HiddenBatch, ViewInfo, find_views, hidden_batches
+from sqlsink.postgres.views.triggers import Trigger
 
 __all__ = [
     "FORMAT",
@@ -68,9 +70,11 @@ __all__ = [
     "ConsistentViews",
     "HiddenBatch",
     "State",
+    "Trigger",
     "ViewInfo",
     "ViewMark",
     "check_before_writing",
+    "check_rewrite",
     "comment_text",
     "definition",
     "delete_stale_markers",
@@ -82,5 +86,8 @@ __all__ = [
     "quoted",
     "read_state",
     "refusal",
+    "rewrite_refusal",
+    "sharing_rows",
+    "shown_by",
     "sql_name",
 ]

@@ -23,6 +23,8 @@ from sqlsink.postgres.views.definition import (
     parse_comment,
     quoted,
 )
+from sqlsink.postgres.views.triggers import INSERT_TRIGGERS, Trigger
+from sqlsink.postgres.views.triggers import refusal as trigger_refusal
 from sqlsink.tablename import TableName
 
 log = logging.getLogger("sqlsink")
@@ -45,7 +47,8 @@ _KINDS = {
 # -- what is there -------------------------------------------------------------------------
 
 
-_STATE = """
+_STATE = (
+    """
 SELECT current_user::text,
        has_table_privilege('sqlsink.markers', 'DELETE'),
        EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'sqlsink.markers'::regclass
@@ -57,13 +60,18 @@ SELECT current_user::text,
              AND NOT attisdropped ORDER BY attnum),
        EXISTS (SELECT FROM sqlsink.markers m WHERE m.sink_id = %(sink)s AND NOT EXISTS (
                    SELECT FROM sqlsink.decisions d WHERE d.sink_id = m.sink_id
-                   AND d.batch_id = m.batch_id AND d.completed_at IS NULL))
+                   AND d.batch_id = m.batch_id AND d.completed_at IS NULL)),
+       (SELECT coalesce(json_agg(found ORDER BY found.relation, found.name), '[]')
+        FROM ("""
+    + INSERT_TRIGGERS
+    + """) AS found)
 FROM (SELECT) AS one
 LEFT JOIN (pg_class t JOIN pg_namespace tn ON tn.oid = t.relnamespace)
        ON tn.nspname = %(tschema)s AND t.relname = %(tname)s AND t.relkind IN ('r', 'p')
 LEFT JOIN (pg_class v JOIN pg_namespace vn ON vn.oid = v.relnamespace)
        ON vn.nspname = %(vschema)s AND v.relname = %(vname)s
 """
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class State:
     comment: str | None
     view_columns: tuple[str, ...]
     stale_markers: bool  # markers of the sink whose batch is not incomplete
+    # enabled triggers that fire on inserts into the table or a descendant (views.triggers)
+    triggers: tuple[Trigger, ...] = ()
 
     @property
     def mark(self) -> ViewMark | None:
@@ -97,7 +107,7 @@ def read_state(conn: Connection, view: TableName, table: TableName, sink_id: str
         },
     ).fetchone()
     assert row is not None
-    role, may_delete, has_xid, table_cols, kind, owner, comment, view_cols, stale = row
+    role, may_delete, has_xid, table_cols, kind, owner, comment, view_cols, stale, found = row
     return State(
         str(role),
         bool(may_delete),
@@ -108,12 +118,20 @@ def read_state(conn: Connection, view: TableName, table: TableName, sink_id: str
         None if comment is None else str(comment),
         tuple(view_cols or ()),
         bool(stale),
+        tuple(Trigger.of(t) for t in found),
     )
 
 
-def refusal(state: State, view: TableName, table: TableName, sink_id: str | None) -> str | None:
+def refusal(
+    state: State,
+    view: TableName,
+    table: TableName,
+    sink_id: str | None,
+    outcome: str = "Nothing was written",
+) -> str | None:
     """Why the sink cannot keep this view (None: it can); ``sink_id`` None: not known yet
-    (a stream whose id comes from its tasks), another sink's view then passes here."""
+    (a stream whose id comes from its tasks), another sink's view then passes here.
+    ``outcome``: what became of the batch, for the refusals that depend on the table."""
     option = f"option consistentView={view}"
     if state.kind is not None:
         mark = state.mark
@@ -151,6 +169,8 @@ def refusal(state: State, view: TableName, table: TableName, sink_id: str | None
             f"{option}: the commit log is below version {SCHEMA_VERSION} (its markers do "
             "not record their transaction): restart the query, whose planning upgrades it"
         )
+    if state.triggers:
+        return trigger_refusal(option, str(table), state.triggers, outcome)
     return None
 
 
@@ -162,7 +182,9 @@ def keep_view(conn: Connection, view: TableName, table: TableName, sink_id: str)
     "created", "replaced", "kept" (up to date), or "stale" (out of date, and replacing
     it failed: logged; it still shows whole batches, with its old columns)."""
     state = read_state(conn, view, table, sink_id)
-    problem = refusal(state, view, table, sink_id)
+    # a trigger made since planning: the batch's partitions have used it already
+    outcome = "Nothing of the batch is committed (its prepared transactions are rolled back)"
+    problem = refusal(state, view, table, sink_id, outcome)
     if problem is not None:
         raise ConfigError(problem, view=str(view), sink_id=sink_id)
     if state.kind is None:
@@ -337,7 +359,8 @@ class ConsistentViews:
 def check_before_writing(
     conn: Connection, view: TableName, table: TableName, sink_id: str | None
 ) -> None:
-    """At planning, before any task writes: the refusals ``keep_view`` would make."""
+    """At planning, before any task writes: the refusals ``keep_view`` would make (the
+    target's triggers included: ``views.triggers``)."""
     state = read_state(conn, view, table, sink_id or "")
     problem = refusal(state, view, table, sink_id)
     if problem is not None:
