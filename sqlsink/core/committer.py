@@ -226,7 +226,7 @@ class Committer:
         run_id: str | None,
     ) -> None:
         """Write the decision: exactly the gids the messages name, all still prepared."""
-        present = self._decidable(batch_id, outcomes)
+        present = self._decidable(batch_id, outcomes, run_id)
         written = [o for o in present if o.gid is not None]
         self.backend.insert_decision(
             self.required_sink(),
@@ -241,7 +241,7 @@ class Committer:
         )
 
     def _decidable(
-        self, batch_id: int, outcomes: Sequence[PartitionOutcome | None]
+        self, batch_id: int, outcomes: Sequence[PartitionOutcome | None], run_id: str | None
     ) -> list[PartitionOutcome]:
         """The outcomes, once nothing forbids deciding them (else a CommitError)."""
         if any(o is None for o in outcomes):
@@ -263,14 +263,33 @@ class Committer:
             if outcome.gid is not None and outcome.gid not in still_prepared:
                 raise CommitError(
                     f"batch {batch_id}, partition {outcome.partition_id}: transaction "
-                    f"{outcome.gid} is no longer prepared (rolled back by a recovery of "
-                    "another run of this sink, or by hand); the batch is rolled back and "
-                    "Spark retries it",
+                    f"{outcome.gid} is no longer prepared: {self._gone_why(run_id)}. Nothing "
+                    "of the batch is committed; run it again (a streaming query writes it "
+                    "again when restarted)",
                     batch=batch_id,
                     partition=outcome.partition_id,
                     gid=outcome.gid,
                 )
         return present
+
+    def _gone_why(self, run_id: str | None) -> str:
+        """Who can have rolled back a transaction of this batch before its decision. Not a
+        newer run (this commit registered under the sink lock, so it would be fenced) nor
+        this commit. The run, registered just now, is live unless an abort ended it."""
+        if run_id is None:
+            return "rolled back by sqlsink recover or by hand (ROLLBACK PREPARED)"
+        if (self.required_sink(), run_id) not in self.backend.live_runs(self.sink_id):
+            return (
+                f"rolled back by an abort of run {run_id} (Spark aborted a batch of it, or an "
+                "abort in this driver took it for its own: sqlsink status shows the run as "
+                "over), or by hand (ROLLBACK PREPARED)"
+            )
+        return (
+            f"rolled back by sqlsink recover while run {run_id} was not heard from within its "
+            "timeout (no task of it started or prepared, no commit, no heartbeat: raise "
+            "runTimeout above the longest such gap, README 'runTimeout'), or by hand "
+            "(ROLLBACK PREPARED)"
+        )
 
     def abort_batch(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Collection, Iterable, Sequence
 
 import psycopg
@@ -180,7 +181,24 @@ def insert_decision(
     tables: Sequence[str] = (),
 ) -> bool:
     """Write the decision durably unless one exists; True if this call wrote it.
-    ``tables``: the tables the batch wrote, as schema.name (schema version 8)."""
+    ``tables``: the tables the batch wrote, as schema.name (recorded from schema version 8
+    on; an upgrade to it can be deferred, ``has_decision_tables``)."""
+    columns = "sink_id, batch_id, gids, rows, query_id, run_id, partitions, first_write_at, "
+    values = "%s, %s, %s, %s, %s, %s, %s, to_timestamp(%s), "
+    args: list[object] = [
+        sink_id,
+        batch_id,
+        list(gids),
+        rows,
+        query_id,
+        run_id,
+        partitions,
+        first_write_at,
+    ]
+    if has_decision_tables(conn):
+        columns, values = columns + "tables, ", values + "%s, "
+        args.append(list(tables) or None)
+    args.append(list(gids))  # complete at once when it names no transaction
     # one pipeline: the transaction's statements go in one round trip, and its COMMIT in
     # a second (synced first, so that "in_decision" finds them run, inside it)
     with conn.pipeline() as pipeline, conn.transaction():
@@ -202,27 +220,36 @@ def insert_decision(
             (writer.kind, writer.query_id, sink_id),
         )
         cur = conn.execute(
-            "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
-            "partitions, first_write_at, completed_at, tables) VALUES (%s, %s, %s, %s, %s, %s, "
-            "%s, to_timestamp(%s), "
-            "CASE WHEN cardinality(%s::text[]) = 0 THEN clock_timestamp() END, %s) "
+            f"INSERT INTO sqlsink.decisions ({columns}completed_at) VALUES ({values}"
+            "CASE WHEN cardinality(%s::text[]) = 0 THEN clock_timestamp() END) "
             "ON CONFLICT (sink_id, batch_id) DO NOTHING",
-            (
-                sink_id,
-                batch_id,
-                list(gids),
-                rows,
-                query_id,
-                run_id,
-                partitions,
-                first_write_at,
-                list(gids),
-                list(tables) or None,
-            ),
+            args,
         )
         pipeline.sync()  # run, and their errors raised, before the crash point
         crash_point("in_decision", batch_id)  # inside the transaction (tests pause here)
         return cur.rowcount == 1
+
+
+# connections whose database has decisions.tables: a column is never dropped, so one
+# look per session (kept sessions serve many batches); until then, one per decision
+_DECISION_TABLES: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def has_decision_tables(conn: Connection) -> bool:
+    """Whether decisions record their tables (version 8). An upgrade stops below a
+    migration that must lock sqlsink.markers while prepared partitions hold it
+    (postgres/schema.py: version 4 below 5 today), and the sink works at that version
+    meanwhile: its decisions then name no table (NULL, as those written before 8)."""
+    if conn in _DECISION_TABLES:
+        return True
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.decisions') "
+        "AND attname = 'tables' AND NOT attisdropped)"
+    ).fetchone()
+    found = bool(row and row[0])
+    if found:
+        _DECISION_TABLES.add(conn)
+    return found
 
 
 def record_metrics(

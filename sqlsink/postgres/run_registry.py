@@ -111,21 +111,29 @@ def mark_aborted(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> 
 
 
 # A run is live while it is neither fenced nor over (Spark aborted one of its batches:
-# it aborts only when the query or the load fails or stops) and its heartbeat is younger
-# than its timeout: the runTimeout it registered with, or three times its recent batch
-# interval (the longest of the last three gaps between its decisions) when that is
-# longer. The data source never learns the trigger; this is what the trigger shows
-# (docs/DESIGN.md invariant 10). One statement, so that recovery, forget and the CLI
-# judge alike.
-RUNS_SQL = """
-SELECT r.sink_id, r.run_id, r.first_seen, r.heartbeat_at,
-       extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age,
+# it aborts only when the query or the load fails or stops) and it was heard from within
+# its timeout: the runTimeout it registered with, or three times its recent batch interval
+# (the longest of the last three gaps between its decisions) when that is longer. The
+# data source never learns the trigger; this is what the trigger shows. It is heard from
+# when it registers (a task's start, a commit, the foreachBatch writer's heartbeat) and
+# when a transaction of it prepares within its runTimeout (pg_prepared_xacts.prepared, on
+# the server's clock): a task that writes for longer than runTimeout is heard from again
+# when it prepares (docs/DESIGN.md invariant 10). A gid's fields are split on '_', which
+# neither a sink id nor a run id holds (core/gid.py); its shape is checked as Gid.parse
+# does, so that a foreign transaction named alike counts for no run. One statement, so
+# that recovery, forget and the CLI judge alike.
+_ID = "[A-Za-z0-9][A-Za-z0-9-]{0,63}"  # a sink id, a run id
+_NUMBER = "(0|[1-9][0-9]{0,18})"
+_GID_SHAPE = f"^sqlsink_{_ID}_{_NUMBER}_{_NUMBER}_{_ID}_{_NUMBER}(_p[1-9][0-9]{{0,2}})?$"
+RUNS_SQL = f"""
+SELECT r.sink_id, r.run_id, r.first_seen, h.heard_at AS heartbeat_at,
+       extract(epoch FROM clock_timestamp() - h.heard_at)::float8 AS age,
        extract(epoch FROM r.live_for)::float8 AS run_timeout,
        extract(epoch FROM g.batch_interval)::float8 AS batch_interval,
        extract(epoch FROM t.timeout)::float8 AS timeout,
        r.superseded_at, r.superseded_by, r.aborted_batch,
        (r.superseded_at IS NULL AND r.aborted_batch IS NULL
-        AND r.heartbeat_at > clock_timestamp() - t.timeout) AS live
+        AND h.heard_at > clock_timestamp() - t.timeout) AS live
 FROM sqlsink.runs r
 CROSS JOIN LATERAL (
     SELECT max(gap) AS batch_interval FROM (
@@ -136,6 +144,19 @@ CROSS JOIN LATERAL (
     ) AS gaps
 ) AS g
 CROSS JOIN LATERAL (SELECT greatest(r.live_for, 3 * g.batch_interval) AS timeout) AS t
+LEFT JOIN (
+    SELECT split_part(gid, '_', 2) AS sink_id, split_part(gid, '_', 5) AS run_id,
+           max(prepared) AS prepared_at
+    FROM pg_prepared_xacts
+    WHERE database = current_database()
+      AND gid ~ '{_GID_SHAPE}'
+    GROUP BY 1, 2
+) AS p ON p.sink_id = r.sink_id AND p.run_id = r.run_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN p.prepared_at > clock_timestamp() - r.live_for
+                THEN greatest(r.heartbeat_at, p.prepared_at)
+                ELSE r.heartbeat_at END AS heard_at
+) AS h
 WHERE (%(sink)s::text IS NULL OR r.sink_id = %(sink)s::text)
 """
 
@@ -147,7 +168,7 @@ class RunInfo:
     sink_id: str
     run_id: str
     first_seen: datetime
-    heartbeat_at: datetime
+    heartbeat_at: datetime  # last heard from: registered, or prepared within its runTimeout
     heartbeat_age_s: float
     run_timeout_s: float  # the runTimeout it registered with
     batch_interval_s: float | None  # the longest of its last three gaps between decisions

@@ -75,7 +75,10 @@ def ensure_schema(conn: Connection) -> int:
     run. A migration that must lock it (a ``-- lock: sqlsink.markers`` line) is applied
     only when the lock is free at once; otherwise it and every later one are deferred
     to the next call, and the version returned is below ``latest_version()`` (the sink
-    runs on the older version meanwhile; ``ensure_schema_version`` waits, bounded, for
+    runs on the older version meanwhile: a batch's tasks and commit do not call this
+    again, so every statement works at each version an upgrade may stop at, looking up
+    what later versions add, e.g. ``run_registry.has_writer_tokens``,
+    ``commit_log.has_decision_tables``; ``ensure_schema_version`` waits, bounded, for
     what an option needs).
     """
     try:

@@ -124,6 +124,12 @@ class Batch:
                 df = by_key(df, target.key, options, count)
         self.planned += check_slots(count, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
+        # the run is heard from while the batch is open: now, and from a driver thread
+        # until the block exits (spark/heartbeat.py, invariant 10)
+        from sqlsink.spark import heartbeat
+
+        run, query = self.identity.run_id, self.identity.query_id
+        heartbeat.before_job(self, options, self.writer.sink_id, run, query)
         written = prepare_part(df, options, target, self.identity, self.batch_id, part)
         self.outcomes += written
         self._check_key_ranges(written)
@@ -179,6 +185,9 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        from sqlsink.spark import heartbeat
+
+        heartbeat.end(self)  # the commit registers the run by itself
         if self.identity is None or self.first_options is None:
             return  # nothing was given: nothing prepared, nothing to decide
         if exc is None:

@@ -9,8 +9,10 @@ import time
 import psycopg
 import pytest
 
+from sqlsink import cli
 from sqlsink.core.checkpoint_check import Verdict
 from sqlsink.core.committer import Committer
+from sqlsink.core.model import PartitionOutcome, ResolutionReport
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import checkpoint_records, run_registry
 from sqlsink.postgres.backend import PostgresBackend
@@ -21,7 +23,7 @@ from sqlsink.postgres.schema import (
     latest_version,
     migrations,
 )
-from tests.fix_pg import PgServer
+from tests.fix_pg import PgServer, prepared_transactions, rollback_all_prepared
 from tests.pg.protocol import Writer, ids_of, prepared_of
 
 RELEASED = 2  # the commit log of the release before issue 12
@@ -205,3 +207,109 @@ def test_version_5_waits_for_markers_and_then_records_each_partitions_xid(
             "JOIN sqlsink.markers m ON m.batch_id = e.id ORDER BY e.id"
         ).fetchall()
         assert rows == [(1, True, None), (2, False, True)]
+
+
+def upgrade_stops() -> list[int]:
+    """The versions an upgrade may stop at: just below each migration that locks a table
+    which prepared partitions hold (a ``-- lock:`` line), when a log below it exists."""
+    return sorted(
+        {
+            version - 1
+            for version, path in migrations()
+            if "\n-- lock: " in path.read_text(encoding="utf-8") and version > 1
+        }
+    )
+
+
+@pytest.mark.parametrize("stop", upgrade_stops())
+def test_a_whole_batch_commits_at_every_version_an_upgrade_may_stop_at(
+    pg_server: PgServer, stop: int
+) -> None:
+    """A migration deferred while prepared partitions hold sqlsink.markers leaves the log
+    at an older version: the sink's planning says so (ensure_schema returns it) and goes
+    on, so its tasks and its commit, which do not call ensure_schema again, must work at
+    that version. Then the upgrade completes once the lock is free."""
+    table, sink = "events", "fresh"
+    with pg_server.database("mig") as url:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                for version, path in migrations():
+                    if version <= stop:
+                        conn.execute(path.read_text(encoding="utf-8").encode())
+                conn.execute("CREATE TABLE events (id bigint PRIMARY KEY)")
+                conn.execute("CREATE TABLE other (id bigint)")
+            # another sink's partition, prepared by the release of that version (in flight,
+            # or left by a crash): it holds sqlsink.markers until it is finished
+            leftover = "sqlsink_other_3_0_run-old_1"
+            with psycopg.connect(url) as partition:
+                partition.execute("INSERT INTO other VALUES (1)")
+                partition.execute(
+                    "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+                    "VALUES (%s, 'other', 3, 0, 1)",
+                    (leftover,),
+                )
+                partition.execute(f"PREPARE TRANSACTION '{leftover}'")
+            writer = Writer(url, table, sink, query_id="q-fresh", token="driver-token")
+
+            def whole_batch(batch: int, ids: range) -> ResolutionReport:
+                """Planning (ensure_schema, the target), two tasks, the commit."""
+                with psycopg.connect(url, autocommit=True) as conn:
+                    installed = ensure_schema(conn)  # type: ignore[arg-type]
+                half = ids[0] + len(ids) // 2
+                outcomes: list[PartitionOutcome | None] = [
+                    writer.write(batch, range(ids[0], half), 0),
+                    writer.write(batch, range(half, ids[-1] + 1), 1),
+                ]
+                options = writer.options
+                with psycopg.connect(url, autocommit=True) as conn:
+                    committer = Committer(
+                        PostgresBackend(conn, options.lock_timeout_s),  # type: ignore[arg-type]
+                        sink,
+                        timeouts=options.timeouts,
+                        run_timeout_s=options.run_timeout_s,
+                        tables=[str(options.table)],
+                    )
+                    report = committer.commit_batch(
+                        batch, outcomes, query_id=writer.query_id, run_id=writer.run
+                    )
+                print(f"batch {batch} at version {installed}: committed {report.committed}")
+                return report
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                assert ensure_schema(conn) == stop  # type: ignore[arg-type]
+            for batch in (0, 1):  # the run's first batch and a later one, while deferred
+                assert len(whole_batch(batch, range(batch * 10, batch * 10 + 10)).committed) == 2
+            assert ids_of(url, table) == list(range(20))
+            assert prepared_of(url, sink) == []
+            assert prepared_of(url, "other") == [leftover]
+            with psycopg.connect(url, autocommit=True) as conn:
+                assert installed_version(conn) == stop  # type: ignore[arg-type]
+                rows = conn.execute(
+                    "SELECT batch_id, rows, cardinality(gids), completed_at IS NOT NULL "
+                    "FROM sqlsink.decisions WHERE sink_id = %s ORDER BY batch_id",
+                    (sink,),
+                ).fetchall()
+                assert rows == [(0, 10, 2, True), (1, 10, 2, True)]
+            # and the operator's view of it at that version
+            assert cli.main(["status", "--url", url, "--sink-id", sink]) == 0
+            with psycopg.connect(url, autocommit=True) as conn:
+                # the other sink's leftover is finished (undecided: rolled back), the lock is
+                # free, and the upgrade completes at the next planning
+                _, report = Committer(PostgresBackend(conn), "other").recover()  # type: ignore[arg-type]
+                assert report.rolled_back == [leftover]
+            assert len(whole_batch(2, range(20, 30)).committed) == 2
+            with psycopg.connect(url, autocommit=True) as conn:
+                assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
+                tables = conn.execute(
+                    "SELECT batch_id, tables FROM sqlsink.decisions WHERE sink_id = %s "
+                    "ORDER BY batch_id",
+                    (sink,),
+                ).fetchall()
+            # decisions written before version 8 name no table (NULL), as documented
+            assert tables == [(0, None), (1, None), (2, ["public.events"])]
+            assert ids_of(url, table) == list(range(30))
+            assert prepared_of(url, sink) == [] and prepared_of(url, "other") == []
+        finally:  # whatever failed: nothing stays prepared in the database
+            database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+            mine = [t for t in prepared_transactions(url) if t[1] == database]
+            rollback_all_prepared(pg_server, mine)

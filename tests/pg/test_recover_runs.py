@@ -6,6 +6,7 @@ the moment. Each case runs the real command line beside the sink's own code."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -50,6 +51,32 @@ def runs_of(url: str, sink: str) -> dict[str, run_registry.RunInfo]:
 def sql_exec(url: str, query: str, *params: Any) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(query, params)
+
+
+def driver_gone(url: str, sink: str, ago: str) -> None:
+    """The sink's driver is gone: its runs were last heard from ``ago``. A transaction of a
+    run prepared within its runTimeout counts as hearing from it too (invariant 10), and a
+    prepare cannot be backdated: the runs' runTimeout is lowered to 1 s, and their prepared
+    transactions are let age past it (bounded)."""
+    sql_exec(
+        url,
+        "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - %s::interval, "
+        "live_for = interval '1 s' WHERE sink_id = %s",
+        ago,
+        sink,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT coalesce(max(prepared) < clock_timestamp() - interval '1.1 s', true) "
+                "FROM pg_prepared_xacts WHERE gid LIKE %s",
+                (f"sqlsink\\_{sink}\\_%",),
+            ).fetchone()
+        if row is not None and row[0]:
+            return
+        assert time.monotonic() < deadline, "the prepared transactions did not age"
+        time.sleep(0.1)
 
 
 def sink_doc(result: Any) -> dict[str, Any]:
@@ -128,19 +155,14 @@ def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     assert len(prepared_of(pg_url, sink)) == 2
 
     # the driver is gone: nothing of the run is heard from any more
-    sql_exec(
-        pg_url,
-        "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - interval '45 s' "
-        "WHERE sink_id = %s",
-        sink,
-    )
+    driver_gone(pg_url, sink, "45 s")
     late = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
     assert late.code == 0, late.out + late.err
     doc = sink_doc(late)
     assert doc["live"] is False and doc["live_runs"] == [] and doc["rolled_back"] == 2
     (run,) = doc["runs"]
     assert run["state"] == "dead" and run["heartbeat_age_seconds"] >= 45
-    assert run["timeout_seconds"] == run["run_timeout_seconds"] == 30
+    assert run["timeout_seconds"] == run["run_timeout_seconds"] == 1
     assert prepared_of(pg_url, sink) == []
     # were the driver only slow, its commit now fails loudly, and nothing of it is visible
     with pytest.raises(CommitError, match="no longer prepared"):
@@ -181,7 +203,7 @@ def test_the_timeout_follows_the_runs_batch_interval(pg_url: str, keyed: str, si
     human = sqlsink("status", "--url", pg_url, "--sink-id", sink)
     assert "timeout 30m00s: 3 x its batch interval 10m00s" in human.out, human.out
 
-    sql_exec(pg_url, age, "31 min", sink)
+    driver_gone(pg_url, sink, "31 min")
     gone = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
     assert gone.code == 0, gone.out + gone.err
     assert sink_doc(gone)["live_runs"] == [] and sink_doc(gone)["rolled_back"] == 1
@@ -278,17 +300,12 @@ def test_status_warns_about_leftovers_that_no_live_run_will_finish(
     other.batch(1, range(5, 10))
     left = [other.write(2, range(10, 15))]
     assert sqlsink("status", "--url", pg_url, "--sink-id", sink).code == 0  # live: fine
-    sql_exec(
-        pg_url,
-        "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - interval '1 min' "
-        "WHERE sink_id = %s",
-        sink,
-    )
+    driver_gone(pg_url, sink, "1 min")
     dead = sqlsink("status", "--url", pg_url, "--sink-id", sink, "--json")
     assert dead.code == 1, dead.out + dead.err
     (warning,) = [w for w in dead.json["warnings"] if w["sink_id"] == sink]
     assert (
-        f"run {other.run} (dead: heard from 1m00s ago, timeout 30s: its runTimeout)"
+        f"run {other.run} (dead: heard from 1m00s ago, timeout 1s: its runTimeout)"
         in (warning["message"])
     )
     assert sqlsink("recover", "--url", pg_url, "--sink-id", sink).code == 0
