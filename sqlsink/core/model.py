@@ -122,6 +122,9 @@ class Decision:
     # seconds since decided_at on the server's clock, which stamped it (read with the
     # decision); None when the backend cannot say: then no timeout forgives its loss
     age_s: float | None = None
+    # the tables the batch wrote (schema.name); None when unknown: a decision written
+    # before the log recorded them (schema version 8), or an empty batch
+    tables: tuple[str, ...] | None = None
 
 
 @dataclass

@@ -148,12 +148,16 @@ def highest_decided(conn: Connection, sink_id: str) -> int | None:
 def decisions(
     conn: Connection, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
 ) -> dict[tuple[str, int], Decision]:
-    """The decisions of these (sink, batch) pairs plus every incomplete one."""
+    """The decisions of these (sink, batch) pairs plus every incomplete one.
+
+    Their ``tables`` are read through the row's JSON, NULL where the column is missing:
+    the upgrade that adds it (version 8) can be deferred (postgres/schema.py)."""
     pairs = sorted(set(batch_ids))
     rows = conn.execute(
         "SELECT d.sink_id, d.batch_id, d.gids, d.rows, d.decided_at, "
         "       d.completed_at IS NOT NULL, d.query_id, d.run_id, "
-        "       extract(epoch FROM clock_timestamp() - d.decided_at)::float8 "
+        "       extract(epoch FROM clock_timestamp() - d.decided_at)::float8, "
+        "       to_jsonb(d) -> 'tables' "
         "FROM sqlsink.decisions d "
         "LEFT JOIN unnest(%s::text[], %s::bigint[]) AS w(sink_id, batch_id) "
         "  ON w.sink_id = d.sink_id AND w.batch_id = d.batch_id "
@@ -162,9 +166,14 @@ def decisions(
         ([s for s, _ in pairs], [b for _, b in pairs], sink_id, sink_id),
     ).fetchall()
     return {
-        (s, b): Decision(s, b, frozenset(g), r, at, c, q, run, age)
-        for s, b, g, r, at, c, q, run, age in rows
+        (s, b): Decision(s, b, frozenset(g), r, at, c, q, run, age, _tables(t))
+        for s, b, g, r, at, c, q, run, age, t in rows
     }
+
+
+def _tables(value: object) -> tuple[str, ...] | None:
+    """A decision's tables as read (a JSON array, or NULL: unknown)."""
+    return tuple(str(t) for t in value) if isinstance(value, list) and value else None
 
 
 def insert_decision(

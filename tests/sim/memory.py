@@ -100,6 +100,7 @@ class DecisionRow:
     first_write_at: float | None = None
     commit_ms: float | None = None
     orphans: int | None = None
+    tables: tuple[str, ...] | None = None  # NULL: none given (schema version 8)
 
 
 @dataclass
@@ -508,6 +509,7 @@ class MemoryBackend:
             row.query_id,
             row.run_id,
             self._now() - row.decided_at,
+            row.tables,
         )
 
     def decisions(
@@ -713,6 +715,7 @@ class MemoryBackend:
             now if not gids else None,
             partitions,
             first_write_at,
+            tables=tuple(tables) or None,
         )
         self.server.hooks.on_insert_decision(self.session, row)
         log.decisions[(sink_id, batch_id)] = row

@@ -1,0 +1,245 @@
+"""The foreachBatch writer's batch rules (docs/DESIGN.md 1.5): when a DataFrame (a part)
+of batch N may be written, when it is a replay, when it is refused; and which batches a
+run never handed to the writer.
+
+    a part of batch N, before its Spark job (``judge_part``):
+        N has no decision                               -> WRITE
+        N decided by an earlier run (another run id),   -> REPLAY: its tasks find N
+          with the part's table among its tables, or       decided and write nothing
+          its tables unknown (a decision before the
+          log recorded them, or an empty batch)
+        N decided by this very run                      -> refused (ConfigError): a second
+                                                           write of one batch would be
+                                                           skipped as if it were a replay
+        N decided without the part's table              -> refused (ConfigError)
+    an empty batch (no part: ``table`` None) follows the same rule: a new run's replay of
+    a decided batch writes nothing, the same run's second hand-over is refused.
+
+    a run hands batch b after a, a < b-1 (``HandedBatches``): Spark runs a run's batches
+    in order and calls the function for each, so a+1..b-1 ran without reaching the
+    writer; Spark recorded them committed. The writer decides each of them (those above
+    the highest decided batch, ``fillable``) as an empty batch, through the
+    committer, before anything of b is committed.
+
+A real replay comes from a new run only: Spark re-runs a batch after a restart (a new
+run id), and the foreachBatch writer's own run id (when Spark's is not readable) is
+replaced after an abort. So a batch decided by the run that hands it again is the
+function's second write, never Spark's replay.
+
+Pure rules over ``TwoPhaseBackend``: no Spark, no database driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from collections.abc import Collection
+
+from sqlsink.core.backend import TwoPhaseBackend
+from sqlsink.core.checkpoint_check import CheckpointCheck, Unreadable
+from sqlsink.core.committer import Committer
+from sqlsink.core.model import Decision, ResolutionReport
+from sqlsink.errors import ConfigError
+
+FIX = (
+    "write every DataFrame of a batch in one `with writer.batch(batch_id)` block — one "
+    "decision for all — or give each writer its own sink_id"
+)
+
+
+class PartStart(enum.Enum):
+    """What a part of a batch does, decided before its Spark job."""
+
+    WRITE = "write"  # the batch is undecided: the job writes and prepares
+    REPLAY = "replay"  # an earlier run decided it: the job's tasks skip, nothing is written
+
+
+def read_decision(backend: TwoPhaseBackend, sink_id: str, batch_id: int) -> Decision | None:
+    """This batch's decision, if it has one."""
+    return backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+
+
+def judge_part(
+    sink_id: str,
+    batch_id: int,
+    run_id: str,
+    table: str | None,
+    decision: Decision | None,
+) -> PartStart:
+    """The rule of the module's table for one part (``table`` as schema.name; None for an
+    empty batch); a ConfigError, before anything of the part is written, when refused."""
+    if decision is None:
+        return PartStart.WRITE
+    known = tuple(decision.tables or ())
+    if decision.run_id == run_id:
+        raise second_write_error(sink_id, batch_id, table, known, same_run=True)
+    if table is None or not known or table in known:
+        return PartStart.REPLAY
+    raise second_write_error(sink_id, batch_id, table, known, same_run=False)
+
+
+def check_part(
+    backend: TwoPhaseBackend, sink_id: str, batch_id: int, run_id: str, table: str | None
+) -> PartStart:
+    """``judge_part`` on the batch's decision as the log holds it now."""
+    return judge_part(sink_id, batch_id, run_id, table, read_decision(backend, sink_id, batch_id))
+
+
+def second_write_error(
+    sink_id: str,
+    batch_id: int,
+    table: str | None,
+    decided: Collection[str],
+    *,
+    same_run: bool,
+) -> ConfigError:
+    """A second write of a decided batch: it would be skipped, so it is refused."""
+    tables = ", ".join(repr(t) for t in decided) if decided else "no table (an empty batch)"
+    what = (
+        f"the write of table {table!r} would be skipped"
+        if table is not None
+        else "this second hand-over of the batch (an empty one) would change nothing"
+    )
+    if same_run:
+        who = (
+            f"batch {batch_id} was already decided by this very run (its decision holds "
+            f"{tables}): a second write of one batch id in one run (two to() calls, two "
+            "`with writer.batch(batch_id)` blocks, or two writers with one sink_id) finds "
+            f"the batch decided, and {what} as if it were Spark's replay"
+        )
+    else:
+        who = (
+            f"batch {batch_id} was decided by an earlier run with {tables}, without "
+            f"{table!r}: this replay would skip {table!r}, whose rows were never written "
+            "for it"
+        )
+    return ConfigError(
+        f"sink {sink_id!r}: {who}. Nothing of {table!r} was written for batch {batch_id}. "
+        f"Fix: {FIX}"
+        if table is not None
+        else f"sink {sink_id!r}: {who}. Nothing was written. Fix: {FIX}",
+        sink_id=sink_id,
+        batch=batch_id,
+        table=table,
+        decided=sorted(decided),
+    )
+
+
+def decide_empty(
+    committer: Committer, batch_id: int, *, query_id: str | None, run_id: str
+) -> ResolutionReport | None:
+    """An empty batch (no gid, 0 rows): what ``with writer.batch(id): pass``,
+    ``writer.skip(id)`` and a batch never handed decide. The rule first (a replay by a new
+    run decides nothing: None), then the committer's own path and checks (binding,
+    fencing, forward-only, checkpoint check when it has one)."""
+    check = committer.checkpoint_check
+    committer.checkpoint_check = deciding(check, {batch_id})
+    try:
+        return _decide_empty(committer, batch_id, query_id, run_id)
+    finally:
+        committer.checkpoint_check = check
+
+
+def _decide_empty(
+    committer: Committer, batch_id: int, query_id: str | None, run_id: str
+) -> ResolutionReport | None:
+    sink_id = committer.required_sink()
+    if check_part(committer.backend, sink_id, batch_id, run_id, None) is PartStart.REPLAY:
+        return None
+    return committer.commit_batch(batch_id, [], query_id=query_id, run_id=run_id)
+
+
+def deciding(check: CheckpointCheck | None, batches: Collection[int]) -> CheckpointCheck | None:
+    """The checkpoint check of a commit that does not count ``batches`` as missing: they
+    are being decided empty. Spark writes commits/N after the function returned, so N is
+    there only for a batch Spark ran without the function handing it to the writer (a
+    gap), or one skipped afterwards (a run that skipped its last batch and stopped:
+    ``writer.skip(N)`` outside the stream)."""
+    if check is None:
+        return None
+    read, deciding_now = check.policy.read_commits, frozenset(batches)
+
+    def without_it() -> frozenset[int] | Unreadable:
+        found = read()
+        return found if isinstance(found, Unreadable) else found - deciding_now
+
+    policy = dataclasses.replace(check.policy, read_commits=without_it)
+    return CheckpointCheck(check.ledger, policy)
+
+
+# -- batches a run never handed to the writer -----------------------------------------
+
+
+class HandedBatches:
+    """Per (sink, run): the last batch id handed to a writer of the sink in this process.
+    Thread-safe (queries of one driver run their functions on their own threads)."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self._last: dict[tuple[str, str], int] = {}
+        self._keep = keep  # runs remembered (a process may see many restarts)
+        self._lock = threading.Lock()
+
+    def hand(self, sink_id: str, run_id: str, batch_id: int) -> range:
+        """Record that the run handed ``batch_id``; return the batches it skipped since
+        the last one it handed (empty the first time, and when not ahead of it)."""
+        key = (sink_id, run_id)
+        with self._lock:
+            last = self._last.get(key)
+            if last is None or batch_id > last:
+                self._last.pop(key, None)  # newest last: the oldest run is dropped first
+                self._last[key] = batch_id
+                while len(self._last) > self._keep:
+                    del self._last[next(iter(self._last))]
+            if last is None or batch_id <= last + 1:
+                return range(0)
+            return range(last + 1, batch_id)
+
+    def last(self, sink_id: str, run_id: str) -> int | None:
+        """The last batch this run handed, None when it handed none yet."""
+        with self._lock:
+            return self._last.get((sink_id, run_id))
+
+
+def fillable(gap: range, highest: int | None) -> range:
+    """The batches of ``gap`` the writer decides empty: those above the highest decided
+    one (a batch at or below it is decided, or behind the log: never decided late)."""
+    start = gap.start if highest is None else max(gap.start, highest + 1)
+    return range(start, max(start, gap.stop))
+
+
+def fill_gap(committer: Committer, gap: range, *, query_id: str | None, run_id: str) -> range:
+    """Decide the fillable batches of ``gap`` empty, in order; return them."""
+    filled = fillable(gap, committer.backend.highest_decided(committer.required_sink()))
+    check = committer.checkpoint_check
+    committer.checkpoint_check = deciding(check, filled)  # in commits/: Spark ran them
+    try:
+        for batch_id in filled:
+            _decide_empty(committer, batch_id, query_id, run_id)
+    finally:
+        committer.checkpoint_check = check
+    return filled
+
+
+def gap_warning(sink_id: str, run_id: str, gap: range, filled: range, before: int) -> str:
+    """The one warning for batches a run never handed to the writer."""
+    shown = _span(gap)
+    done = (
+        f"decided {_span(filled)} as empty (nothing written for them)"
+        if len(filled)
+        else "decided nothing for them (already decided)"
+    )
+    return (
+        f"sqlsink: sink {sink_id!r}: run {run_id} handed batch {before} to the writer, but not "
+        f"{shown}: Spark ran {'them' if len(gap) > 1 else 'it'} and recorded "
+        f"{'them' if len(gap) > 1 else 'it'} as committed without the foreachBatch "
+        f"function calling the writer, so {done}, before batch {before}. Fix: hand every "
+        "batch to the writer, writer.batch(batch_id) or writer.skip(batch_id) (a skipped "
+        "last batch before a stop is seen by nobody, and the restart stops on it)"
+    )
+
+
+def _span(batches: range) -> str:
+    if len(batches) == 1:
+        return f"batch {batches.start}"
+    return f"batches {batches.start}..{batches.stop - 1}"

@@ -1,0 +1,118 @@
+"""The foreachBatch writer's batch rules (sqlsink/core/writer_batch.py), as pure functions."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from sqlsink.core.model import Decision
+from sqlsink.core.writer_batch import (
+    FIX,
+    HandedBatches,
+    PartStart,
+    fillable,
+    gap_warning,
+    judge_part,
+)
+from sqlsink.errors import ConfigError
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def decided(run: str | None, tables: tuple[str, ...] | None) -> Decision:
+    return Decision("shop", 3, frozenset({"g"}), 5, NOW, True, "q", run, 0.0, tables)
+
+
+ORDERS, LINES = "public.orders", "public.order_lines"
+
+
+@pytest.mark.parametrize("table", [ORDERS, LINES, None])
+def test_an_undecided_batch_is_written(table: str | None) -> None:
+    assert judge_part("shop", 3, "run-a", table, None) is PartStart.WRITE
+
+
+@pytest.mark.parametrize(
+    ("tables", "table"),
+    [
+        ((ORDERS, LINES), ORDERS),
+        ((ORDERS, LINES), LINES),
+        (None, ORDERS),  # a decision before the log recorded tables: unknown
+        (None, None),  # an empty batch replayed
+        ((ORDERS,), None),  # the function now hands the replay empty: nothing to write
+    ],
+)
+def test_a_new_runs_replay_of_a_decided_table_is_skipped(
+    tables: tuple[str, ...] | None, table: str | None
+) -> None:
+    assert judge_part("shop", 3, "run-b", table, decided("run-a", tables)) is PartStart.REPLAY
+
+
+@pytest.mark.parametrize("tables", [(ORDERS,), (ORDERS, LINES), None])
+@pytest.mark.parametrize("table", [ORDERS, LINES, None])
+def test_a_second_write_by_the_same_run_is_refused_whatever_its_table(
+    tables: tuple[str, ...] | None, table: str | None
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        judge_part("shop", 3, "run-a", table, decided("run-a", tables))
+    text = str(refused.value)
+    assert text.startswith("sink 'shop': batch 3 was already decided by this very run")
+    assert text.endswith(f"Fix: {FIX}")
+    if tables:
+        assert all(repr(t) in text for t in tables)
+    if table is not None:
+        assert f"Nothing of {table!r} was written for batch 3" in text
+
+
+def test_a_table_the_decision_lacks_is_refused_in_a_new_run_too() -> None:
+    with pytest.raises(ConfigError) as refused:
+        judge_part("shop", 3, "run-b", LINES, decided("run-a", (ORDERS,)))
+    assert str(refused.value) == (
+        "sink 'shop': batch 3 was decided by an earlier run with 'public.orders', without "
+        "'public.order_lines': this replay would skip 'public.order_lines', whose rows were "
+        "never written for it. Nothing of 'public.order_lines' was written for batch 3. "
+        f"Fix: {FIX}"
+    )
+    assert refused.value.context["decided"] == [ORDERS]
+
+
+def test_handed_batches_report_the_batches_a_run_skipped() -> None:
+    handed = HandedBatches()
+    assert handed.hand("shop", "run-a", 4) == range(0)  # the run's first: nothing known
+    assert handed.hand("shop", "run-a", 5) == range(0)
+    assert handed.hand("shop", "run-a", 8) == range(6, 8)
+    assert handed.hand("shop", "run-a", 8) == range(0)  # a second hand-over: no gap
+    assert handed.hand("shop", "run-a", 2) == range(0)  # behind: the forward check's
+    assert handed.last("shop", "run-a") == 8
+    assert handed.hand("shop", "run-b", 10) == range(0)  # another run: its own
+    assert handed.hand("other", "run-a", 10) == range(0)  # another sink: its own
+    assert handed.hand("shop", "run-a", 10) == range(9, 10)
+
+
+def test_handed_batches_forget_the_oldest_run_first() -> None:
+    handed = HandedBatches(keep=2)
+    handed.hand("s", "r1", 0)
+    handed.hand("s", "r2", 0)
+    handed.hand("s", "r1", 1)  # r1 is now the newest
+    handed.hand("s", "r3", 0)
+    assert handed.last("s", "r2") is None
+    assert handed.last("s", "r1") == 1 and handed.last("s", "r3") == 0
+
+
+def test_fillable_is_the_part_of_a_gap_above_the_highest_decided() -> None:
+    assert fillable(range(6, 8), None) == range(6, 8)
+    assert fillable(range(6, 8), 5) == range(6, 8)
+    assert fillable(range(6, 8), 6) == range(7, 8)
+    assert fillable(range(6, 8), 9) == range(10, 10)
+
+
+def test_the_gap_warning_names_the_batches_and_the_fix() -> None:
+    text = gap_warning("shop", "run-a", range(6, 8), range(6, 8), 8)
+    assert text == (
+        "sqlsink: sink 'shop': run run-a handed batch 8 to the writer, but not batches 6..7: Spark "
+        "ran them and recorded them as committed without the foreachBatch function calling "
+        "the writer, so decided batches 6..7 as empty (nothing written for them), before "
+        "batch 8. Fix: hand every batch to the writer, writer.batch(batch_id) or "
+        "writer.skip(batch_id) (a skipped last batch before a stop is seen by nobody, and "
+        "the restart stops on it)"
+    )
