@@ -52,7 +52,7 @@ def abort_batch(
     writer = Binding("load") if load else Binding.of(query_id) if query_id else None
     if run_id is None:
         if writer is None:
-            why = "its streaming query is unknown, so no run can be proved its own"
+            why = "its streaming query is unknown (no run can be proved its own)"
         elif writer_token is None:
             why = "its run is unknown (no task reported it, and this driver has no token)"
         else:  # the token names the driver and the query: a run found is this query's

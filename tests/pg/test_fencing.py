@@ -158,7 +158,9 @@ def test_an_abort_that_cannot_name_its_query_touches_nothing(
     assert prepared_of(pg_url, sink) == [in_flight[0].gid]
     assert runs_aborted(pg_url, sink) == [(owner.run, None)]
     warned = [r.getMessage() for r in caplog.records]
-    assert "its streaming query is unknown, so no run can be proved its own" in warned[0]
+    assert (
+        "its streaming query is unknown (no run can be proved its own), so this abort" in warned[0]
+    )
     assert "stays prepared until the query starts again" in warned[0]
     assert "cannot tell its streaming query" in warned[1]
     assert f"{tmp_path / 'chk-unreadable'}/metadata is not readable from the driver" in warned[1]
