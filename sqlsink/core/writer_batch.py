@@ -107,12 +107,22 @@ def second_write_error(
             f"{tables}): a second write of one batch id in one run (two to() calls, two "
             "`with writer.batch(batch_id)` blocks, or two writers with one sink_id) finds "
             f"the batch decided, and {what} as if it were Spark's replay"
+            + (
+                f"; or the function retries a write of {table!r} whose commit decided the "
+                "batch and raised afterwards: then its rows are committed, and batch "
+                f"{batch_id} must not be handed to the writer again"
+                if table is not None and table in decided
+                else ""
+            )
         )
     else:
         who = (
             f"batch {batch_id} was decided by an earlier run with {tables}, without "
             f"{table!r}: this replay would skip {table!r}, whose rows were never written "
-            "for it"
+            f"for it. The decision of batch {batch_id} is final: to go on, hand batch "
+            f"{batch_id} to the writer without {table!r} (that batch only: later batches "
+            f"write it as usual) and load batch {batch_id}'s rows of {table!r} yourself, or "
+            "accept that they are missing"
         )
     return ConfigError(
         f"sink {sink_id!r}: {who}. Nothing of {table!r} was written for batch {batch_id}. "
@@ -124,6 +134,57 @@ def second_write_error(
         table=table,
         decided=sorted(decided),
     )
+
+
+def check_skip_outside(
+    sink_id: str,
+    batch_id: int,
+    location: str | None,
+    commits: frozenset[int] | Unreadable | None,
+    prepared: Collection[str],
+) -> None:
+    """An empty decision made outside the stream (``writer.skip(N)`` from an operator's
+    script) is only for a batch Spark committed (``commits/N`` in the query's checkpoint)
+    and that holds no prepared transaction: a batch Spark has not committed is one it
+    runs (again), with rows, and an empty decision would make that run skip them; a
+    batch with prepared transactions is a lost decision (``recover --commit-lost``)."""
+    where = f"sink {sink_id!r}: writer.skip({batch_id}) outside the stream"
+    if commits is None or isinstance(commits, Unreadable):
+        why = (
+            "no checkpoint_location was given"
+            if location is None
+            else f"the checkpoint {location} cannot be read ({commits.reason})"
+            if isinstance(commits, Unreadable)
+            else f"the checkpoint {location} cannot be read"
+        )
+        raise ConfigError(
+            f"{where}: {why}, so nothing shows that Spark committed batch {batch_id}; "
+            "a batch Spark has not committed is one it runs again with its rows, which an "
+            "empty decision would skip. Nothing was decided. Fix: pass "
+            "ForeachBatchWriter(..., checkpoint_location=<the query's checkpointLocation>), "
+            f"or sqlsink recover --sink-id {sink_id} --mark-skipped {batch_id} --checkpoint DIR",
+            sink_id=sink_id,
+            batch=batch_id,
+        )
+    if batch_id not in commits:
+        raise ConfigError(
+            f"{where}: Spark's checkpoint {location} does not record batch {batch_id} as "
+            f"committed (no commits/{batch_id}): Spark runs it (again) with its rows, and an "
+            "empty decision would make that run skip them. Nothing was decided. Fix: skip "
+            "only the batch the data-loss error names; a batch Spark runs again needs "
+            "nothing",
+            sink_id=sink_id,
+            batch=batch_id,
+        )
+    if prepared:
+        raise ConfigError(
+            f"{where}: batch {batch_id} has prepared transactions ({', '.join(sorted(prepared))}): "
+            "its rows were written and its decision was lost, so it is not a batch with "
+            f"nothing. Nothing was decided. Fix: sqlsink recover --sink-id {sink_id} "
+            f"--commit-lost {batch_id} --checkpoint DIR",
+            sink_id=sink_id,
+            batch=batch_id,
+        )
 
 
 def decide_empty(

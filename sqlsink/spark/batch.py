@@ -237,7 +237,8 @@ class Batch:
         from sqlsink.core.writer_batch import decide_empty
         from sqlsink.spark.plan import CommitterSession
 
-        identity = self._hand_over(SparkSession.getActiveSession())
+        session = SparkSession.getActiveSession()
+        identity = self._hand_over(session)
         if self._judge(None) is PartStart.REPLAY:
             return
         sink_id = self.writer.sink_id
@@ -246,6 +247,8 @@ class Batch:
         with CommitterSession(
             options, sink_id, check_checkpoint=checked, tables=[], views=[]
         ) as committer:
+            if not _in_stream(session, self.batch_id):
+                _check_outside(committer.backend, sink_id, self.batch_id, identity.checkpoint)
             decide_empty(
                 committer, self.batch_id, query_id=identity.query_id, run_id=identity.run_id
             )
@@ -337,3 +340,34 @@ class Batch:
             # the run marked this batch aborted: a retry of it in this process must be a
             # new run (Spark's own run ends with the failed query, so it never retries)
             self.writer.process_run_id = uuid.uuid4().hex
+
+
+def _in_stream(session: Any, batch_id: int) -> bool:
+    """Whether this runs inside foreachBatch for ``batch_id``: Spark's batch property on
+    this driver thread says so. On Spark Connect it is not readable: taken as inside
+    (an operator's ``skip`` runs in a plain Python process, not through Connect)."""
+    from sqlsink.spark.foreach_batch import spark_batch_id
+    from sqlsink.spark.support import is_connect
+
+    if session is not None and is_connect(session):
+        return True
+    return spark_batch_id(session) == batch_id
+
+
+def _check_outside(backend: Any, sink_id: str, batch_id: int, location: str | None) -> None:
+    """An empty decision from outside the stream: only for a batch Spark committed and
+    that holds no prepared transaction (``core/writer_batch.check_skip_outside``)."""
+    from sqlsink.checkpoint.parse import checkpoint_policy
+    from sqlsink.core.checkpoint_check import CheckpointMode
+    from sqlsink.core.gid import Gid
+    from sqlsink.core.writer_batch import check_skip_outside
+
+    commits = None
+    if location is not None:
+        commits = checkpoint_policy(location, CheckpointMode.WARN).read_commits()
+    prepared = [
+        t.gid
+        for t in backend.prepared(sink_id)
+        if (g := Gid.parse(t.gid)) is not None and g.sink_id == sink_id and g.batch_id == batch_id
+    ]
+    check_skip_outside(sink_id, batch_id, location, commits, prepared)

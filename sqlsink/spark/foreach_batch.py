@@ -228,7 +228,9 @@ class ForeachBatchWriter:
         function does not write (``if batch_df.isEmpty(): writer.skip(batch_id)``);
         outside the stream, for a batch Spark committed that the function did not hand
         over before the query stopped (the query stopped, ``checkpoint_location=`` given:
-        the restart's checkpoint check then finds it decided)."""
+        the restart's checkpoint check then finds it decided). Outside the stream only a
+        batch the checkpoint records as committed, with nothing of it prepared, is
+        decided; any other is refused (``core/writer_batch.check_skip_outside``)."""
         with self.batch(batch_id):
             pass
 
@@ -276,6 +278,12 @@ class ForeachBatchWriter:
                 "query>) (its query id is read from it), or query_id=<the query's id>"
             )
         return Identity(given, self.process_run_id, self.checkpoint_location, False)
+
+
+def spark_batch_id(session: Any) -> int | None:
+    """The batch Spark runs on this driver thread (inside foreachBatch), else None."""
+    batch = _local_properties(session).get(_BATCH_ID) if session is not None else None
+    return int(batch) if batch is not None and batch.isdigit() else None
 
 
 def _local_properties(session: Any) -> dict[str, str]:

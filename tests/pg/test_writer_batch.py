@@ -239,3 +239,61 @@ def test_a_gap_below_the_highest_decided_is_not_decided_late(
         assert isinstance(committer, Committer)
         assert fill_gap(committer, range(1, 5), query_id="q-gap", run_id=run.run) == range(4, 5)
     assert [row[0] for row in decision_rows(pg_url, sink)] == [3, 4]
+
+
+def test_a_skip_outside_the_stream_decides_only_a_batch_spark_committed_with_nothing_prepared(
+    pg_url: str, sink: str, keyed: str, tmp_path: Path
+) -> None:
+    """An operator's ``writer.skip(N)`` in a plain Python process (no stream): found by
+    the review of this change. Batch 1 was the batch the query was in when it stopped
+    (offsets/1, no commits/1); skip(1) decided it empty, and the restart's replay of
+    batch 1 found it decided and skipped its rows: silent loss. Now refused unless the
+    checkpoint records batch 1 as committed and nothing of it is prepared."""
+    from sqlsink import ForeachBatchWriter
+
+    query = str(uuid.uuid4())
+    chk = checkpoint(tmp_path, query)
+    policy = checkpoint_policy(str(chk), CheckpointMode.WARN)
+    first = Writer(pg_url, keyed, sink, query_id=query)
+    commit(first, 0, [first.write(0, range(0, 3))], [f"public.{keyed}"], policy)
+    spark_commits(chk, 0)  # batch 1 planned and running when the query stopped
+    where = f"sink {sink!r}: writer.skip(1) outside the stream"
+
+    no_checkpoint = ForeachBatchWriter(url=pg_url, sink_id=sink, query_id=query)
+    with pytest.raises(ConfigError) as refused:
+        no_checkpoint.skip(1)
+    assert str(refused.value).startswith(
+        f"{where}: no checkpoint_location was given, so nothing shows that Spark committed batch 1"
+    )
+    operator = ForeachBatchWriter(url=pg_url, sink_id=sink, checkpoint_location=str(chk))
+    with pytest.raises(ConfigError) as refused:
+        operator.skip(1)
+    assert str(refused.value).startswith(
+        f"{where}: Spark's checkpoint {chk} does not record batch 1 as committed "
+        "(no commits/1): Spark runs it (again) with its rows"
+    )
+    assert [row[0] for row in decision_rows(pg_url, sink)] == [0]  # nothing decided
+
+    # batch 1's rows prepared and Spark committed it: a lost decision, not a skip
+    lost = Writer(pg_url, keyed, sink, query_id=query)
+    lost_outcome = lost.write(1, range(10, 13))
+    spark_commits(chk, 1)
+    with pytest.raises(ConfigError) as refused:
+        operator.skip(1)
+    assert f"batch 1 has prepared transactions ({lost_outcome.gid})" in str(refused.value)
+    assert "--commit-lost 1 --checkpoint DIR" in str(refused.value)
+    assert prepared_of(pg_url, sink) == [lost_outcome.gid]
+    assert [row[0] for row in decision_rows(pg_url, sink)] == [0]
+
+    # the restart replays batch 1 with its rows: written, not skipped
+    (chk / "commits" / "1").unlink()
+    restart = Writer(pg_url, keyed, sink, query_id=query)
+    commit(restart, 1, [restart.write(1, range(10, 13))], [f"public.{keyed}"], policy)
+    assert ids_of(pg_url, keyed) == [0, 1, 2, 10, 11, 12]
+    assert prepared_of(pg_url, sink) == []
+
+    # a batch Spark committed with nothing prepared (the last batch, not handed over)
+    spark_commits(chk, 1, 2)
+    operator.skip(2)
+    assert [row[:3] for row in decision_rows(pg_url, sink)][-1][0] == 2
+    assert ids_of(pg_url, keyed) == [0, 1, 2, 10, 11, 12]

@@ -211,17 +211,34 @@ def test_a_batch_the_function_does_not_write_is_decided_empty_and_restarts_run(
 
 
 def test_an_empty_block_and_skip_outside_a_stream(
-    spark: Any, pg_url: str, table: str, pg_server: PgServer
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
 ) -> None:
+    """Outside a stream an empty decision is for batches Spark's checkpoint records as
+    committed only (an operator's skip of a batch Spark runs again would make that run
+    skip its rows); a second hand-over by the same run is refused either way."""
     keyed_table(pg_url, table)
-    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}", query_id="q-e")
+    checkpoint = tmp_path / "chk"
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "metadata").write_text('{"id":"q-e"}\n')
+    sink_id = f"fb-{table[2:]}"
+    blind = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id, query_id="q-e")
+    with pytest.raises(ConfigError, match="no checkpoint_location was given"), blind.batch(0):
+        pass
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=sink_id, checkpoint_location=str(checkpoint)
+    )
+    with pytest.raises(ConfigError, match=r"does not record batch 0 as committed"):
+        writer.skip(0)
+    assert commit_log(pg_url, sink_id, "rows") == {}
+    for batch in (0, 1):
+        (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
     with writer.batch(0):
         pass
     writer.skip(1)
     with pytest.raises(ConfigError) as twice:  # the same run hands batch 1 again
         writer.skip(1)
     assert str(twice.value) == (
-        f"sink 'fb-{table[2:]}': batch 1 was already decided by this very run (its decision "
+        f"sink {sink_id!r}: batch 1 was already decided by this very run (its decision "
         "holds no table (an empty batch)): a second write of one batch id in one run (two "
         "to() calls, two `with writer.batch(batch_id)` blocks, or two writers with one "
         "sink_id) finds the batch decided, and this second hand-over of the batch (an empty "
@@ -233,12 +250,15 @@ def test_an_empty_block_and_skip_outside_a_stream(
         writer.skip(2)
     with pytest.raises(ConfigError, match="batch 2 was already decided by this very run"):
         writer.to(table)(spark.range(10, 13, 1, 1), 2)
-    # another writer object is another run: its hand-over of batch 2 is a replay
-    again = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=writer.sink_id, query_id="q-e")
-    again.to(table)(spark.range(10, 13, 1, 1), 2)
+    # a writer object unpickled in a new process (a Spark Connect restart) is a new run:
+    # its hand-over of batch 2 is Spark's replay, which writes nothing
+    again = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=sink_id, checkpoint_location=str(checkpoint)
+    )
+    again.to(table)(spark.range(0, 3, 1, 1), 2)
     again.skip(2)
     assert table_ids(pg_url, table) == [0, 1, 2]
-    assert decisions(pg_url, writer.sink_id) == {
+    assert decisions(pg_url, sink_id) == {
         0: (0, 0, True, None),
         1: (0, 0, True, None),
         2: (3, 1, True, [f"public.{table}"]),

@@ -70,7 +70,10 @@ def test_a_table_the_decision_lacks_is_refused_in_a_new_run_too() -> None:
     assert str(refused.value) == (
         "sink 'shop': batch 3 was decided by an earlier run with 'public.orders', without "
         "'public.order_lines': this replay would skip 'public.order_lines', whose rows were "
-        "never written for it. Nothing of 'public.order_lines' was written for batch 3. "
+        "never written for it. The decision of batch 3 is final: to go on, hand batch 3 to "
+        "the writer without 'public.order_lines' (that batch only: later batches write it as "
+        "usual) and load batch 3's rows of 'public.order_lines' yourself, or accept that they "
+        "are missing. Nothing of 'public.order_lines' was written for batch 3. "
         f"Fix: {FIX}"
     )
     assert refused.value.context["decided"] == [ORDERS]
@@ -116,3 +119,18 @@ def test_the_gap_warning_names_the_batches_and_the_fix() -> None:
         "writer.skip(batch_id) (a skipped last batch before a stop is seen by nobody, and "
         "the restart stops on it)"
     )
+
+
+def test_a_same_run_refusal_of_a_decided_table_also_names_a_retry_of_a_committed_write() -> None:
+    """Found by the review of this change: a user's retry loop around a write whose commit
+    decided the batch and raised afterwards got only "two to() calls, two blocks"."""
+    with pytest.raises(ConfigError) as refused:
+        judge_part("shop", 3, "run-a", ORDERS, decided("run-a", (ORDERS,)))
+    assert (
+        "; or the function retries a write of 'public.orders' whose commit decided the batch "
+        "and raised afterwards: then its rows are committed, and batch 3 must not be handed "
+        "to the writer again. Nothing of 'public.orders' was written for batch 3"
+    ) in str(refused.value)
+    with pytest.raises(ConfigError) as other:
+        judge_part("shop", 3, "run-a", LINES, decided("run-a", (ORDERS,)))
+    assert "retries" not in str(other.value)
