@@ -66,9 +66,17 @@ def judge_part(
     run_id: str,
     table: str | None,
     decision: Decision | None,
+    *,
+    handed_before: bool = False,
 ) -> PartStart:
     """The rule of the module's table for one part (``table`` as schema.name; None for an
-    empty batch); a ConfigError, before anything of the part is written, when refused."""
+    empty batch); a ConfigError, before anything of the part is written, when refused.
+    ``handed_before``: this run handed this batch to a writer of the sink before, in this
+    process (``HandedBatches.handed``): a second hand-over whatever the decision says (a
+    replay's second write of a table the decision names was never written; a block of
+    the batch may still be open)."""
+    if handed_before and (decision is None or decision.run_id != run_id):
+        raise handed_twice_error(sink_id, batch_id, table)
     if decision is None:
         return PartStart.WRITE
     known = tuple(decision.tables or ())
@@ -133,6 +141,22 @@ def second_write_error(
         batch=batch_id,
         table=table,
         decided=sorted(decided),
+    )
+
+
+def handed_twice_error(sink_id: str, batch_id: int, table: str | None) -> ConfigError:
+    """A run hands a batch to the writer a second time, before the batch is decided by it
+    (a block of it still open, or a replay whose first hand-over found it decided)."""
+    what = f"table {table!r}" if table is not None else "an empty batch"
+    return ConfigError(
+        f"sink {sink_id!r}: batch {batch_id} was already handed to the writer by this very "
+        "run in this process (two to() calls, two `with writer.batch(batch_id)` blocks, two "
+        "writers with one sink_id, or a writer call inside an open block): this second "
+        f"hand-over, of {what}, would be skipped as a replay or taken for the first one's "
+        f"transactions. Nothing of it was written for batch {batch_id}. Fix: {FIX}",
+        sink_id=sink_id,
+        batch=batch_id,
+        table=table,
     )
 
 
@@ -255,6 +279,11 @@ class HandedBatches:
             if last is None or batch_id <= last + 1:
                 return range(0)
             return range(last + 1, batch_id)
+
+    def handed(self, sink_id: str, run_id: str, batch_id: int) -> bool:
+        """Whether the run handed this batch (or a later one) to the writer before."""
+        last = self.last(sink_id, run_id)
+        return last is not None and batch_id <= last
 
     def last(self, sink_id: str, run_id: str) -> int | None:
         """The last batch this run handed, None when it handed none yet."""

@@ -43,6 +43,7 @@ class Batch:
         self.views: dict[TableName, TableName] = {}
         self.decision: Decision | None = None  # the batch's decision when it was handed over
         self.start: PartStart | None = None  # what its parts do (core/writer_batch.py)
+        self.handed_before = False  # this run handed this batch over before, in this process
 
     def __enter__(self) -> Batch:
         return self
@@ -170,9 +171,15 @@ class Batch:
         if session is not None and is_connect(session):  # the function runs on Connect
             require_foreach_batch(connect=True)
         identity = self.writer.identity(session, self.batch_id)
-        gap = HANDED.hand(self.writer.sink_id, identity.run_id, self.batch_id)
+        sink_id = self.writer.sink_id
+        # a stream's run hands its batches in order, once each; an operator's writer
+        # outside the stream (writer.skip) is neither counted nor judged so
+        in_stream = _in_stream(session, self.batch_id)
+        self.handed_before = in_stream and HANDED.handed(sink_id, identity.run_id, self.batch_id)
         self.identity = identity
         self.decision = self._check_writer()
+        # counted once its checks passed: a refused hand-over is not a first one
+        gap = HANDED.hand(sink_id, identity.run_id, self.batch_id) if in_stream else range(0)
         if gap:
             self._fill_gap(gap, identity)
         return identity
@@ -210,7 +217,12 @@ class Batch:
 
         assert self.identity is not None
         self.start = judge_part(
-            self.writer.sink_id, self.batch_id, self.identity.run_id, table, self.decision
+            self.writer.sink_id,
+            self.batch_id,
+            self.identity.run_id,
+            table,
+            self.decision,
+            handed_before=self.handed_before,
         )
         return self.start
 

@@ -134,3 +134,42 @@ def test_a_same_run_refusal_of_a_decided_table_also_names_a_retry_of_a_committed
     with pytest.raises(ConfigError) as other:
         judge_part("shop", 3, "run-a", LINES, decided("run-a", (ORDERS,)))
     assert "retries" not in str(other.value)
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [None, decided("run-a", (ORDERS,)), decided("run-a", None)],
+    ids=["undecided (a block still open)", "decided by an earlier run", "tables unknown"],
+)
+def test_a_second_hand_over_by_the_same_run_is_refused_whatever_the_decision(
+    decision: Decision | None,
+) -> None:
+    """Found by the writer's state machine: a new run replays batch 3, whose decision
+    names orders; its first write of orders is a replay, and its second write of orders
+    (rows the first run never wrote: its own second write had been refused) was skipped
+    too, silently. And a writer call inside an open block of the same batch took the
+    block's transaction for its own. A run's second hand-over of a batch is refused."""
+    assert judge_part("shop", 3, "run-b", ORDERS, decision) in (
+        PartStart.WRITE,
+        PartStart.REPLAY,
+    )
+    with pytest.raises(ConfigError) as refused:
+        judge_part("shop", 3, "run-b", ORDERS, decision, handed_before=True)
+    assert str(refused.value) == (
+        "sink 'shop': batch 3 was already handed to the writer by this very run in this "
+        "process (two to() calls, two `with writer.batch(batch_id)` blocks, two writers with "
+        "one sink_id, or a writer call inside an open block): this second hand-over, of "
+        "table 'public.orders', would be skipped as a replay or taken for the first one's "
+        f"transactions. Nothing of it was written for batch 3. Fix: {FIX}"
+    )
+
+
+def test_handed_batches_knows_a_batch_handed_before_by_the_same_run_only() -> None:
+    handed = HandedBatches()
+    assert not handed.handed("shop", "run-a", 3)
+    handed.hand("shop", "run-a", 3)
+    assert handed.handed("shop", "run-a", 3)
+    assert handed.handed("shop", "run-a", 2)
+    assert not handed.handed("shop", "run-a", 4)
+    assert not handed.handed("shop", "run-b", 3)
+    assert not handed.handed("other", "run-a", 3)
