@@ -86,7 +86,7 @@ class Resolver:
         those batches, so their decisions were lost. Nothing to read when no batch lies
         between the two (a run's every commit but the first after a gap)."""
         sink_id = self.sink_id
-        if sink_id is None or (highest is not None and highest >= batch_id - 1):
+        if sink_id is None or highest is None or highest >= batch_id - 1:
             return {}
         scope = Scope(batch_id=batch_id).knowing(highest)
         gids = [

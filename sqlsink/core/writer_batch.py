@@ -6,8 +6,8 @@ run never handed to the writer.
         N has no decision                               -> WRITE
         N decided by an earlier run (another run id),   -> REPLAY: its tasks find N
           with the part's table among its tables, or       decided and write nothing
-          its tables unknown (a decision before the
-          log recorded them, or an empty batch)
+          its tables unknown (a decision with
+          transactions before the log recorded them)
         N decided by this very run                      -> refused (ConfigError): a second
                                                            write of one batch would be
                                                            skipped as if it were a replay
@@ -82,7 +82,10 @@ def judge_part(
     known = tuple(decision.tables or ())
     if decision.run_id == run_id:
         raise second_write_error(sink_id, batch_id, table, known, same_run=True)
-    if table is None or not known or table in known:
+    # tables unknown: a decision that wrote something before the log recorded its tables;
+    # one with no transaction wrote no table (an empty batch, whatever its tables read)
+    unknown = not known and bool(decision.gids)
+    if table is None or unknown or table in known:
         return PartStart.REPLAY
     raise second_write_error(sink_id, batch_id, table, known, same_run=False)
 

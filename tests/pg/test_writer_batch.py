@@ -136,7 +136,8 @@ def test_a_log_before_version_8_reads_tables_as_unknown(pg_server: PgServer) -> 
         )
         conn.execute(
             "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
-            "completed_at) VALUES ('old', 4, '{}', 0, 'q', 'run-old', now())"
+            "completed_at) VALUES ('old', 4, '{sqlsink_old_4_0_run-old_1}', 5, 'q', "
+            "'run-old', now())"
         )
         backend = PostgresBackend(conn)  # type: ignore[arg-type]
         decision = read_decision(backend, "old", 4)
@@ -144,6 +145,14 @@ def test_a_log_before_version_8_reads_tables_as_unknown(pg_server: PgServer) -> 
         assert check_part(backend, "old", 4, "run-new", "public.t") is PartStart.REPLAY
         with pytest.raises(ConfigError, match="already decided by this very run"):
             check_part(backend, "old", 4, "run-old", "public.t")
+        # an old empty decision (no transaction) wrote no table: a write of one is refused
+        conn.execute(
+            "INSERT INTO sqlsink.decisions (sink_id, batch_id, gids, rows, query_id, run_id, "
+            "completed_at) VALUES ('old', 5, '{}', 0, 'q', 'run-old', now())"
+        )
+        assert check_part(backend, "old", 5, "run-new", None) is PartStart.REPLAY
+        with pytest.raises(ConfigError, match="decided by an earlier run with no table"):
+            check_part(backend, "old", 5, "run-new", "public.t")
 
 
 def checkpoint(tmp_path: Path, query_id: str) -> Path:

@@ -173,3 +173,15 @@ def test_handed_batches_knows_a_batch_handed_before_by_the_same_run_only() -> No
     assert not handed.handed("shop", "run-a", 4)
     assert not handed.handed("shop", "run-b", 3)
     assert not handed.handed("other", "run-a", 3)
+
+
+def test_a_new_runs_write_of_a_table_into_a_batch_decided_empty_is_refused() -> None:
+    """Found by the writer's state machine: an empty decision's tables read as NULL, which
+    counted as unknown, so a new run's write of any table was a replay: its rows skipped,
+    silently. A decision without a transaction wrote no table."""
+    empty = Decision("shop", 3, frozenset(), 0, NOW, True, "q", "run-a", tables=None)
+    assert judge_part("shop", 3, "run-b", None, empty) is PartStart.REPLAY
+    with pytest.raises(ConfigError, match="decided by an earlier run with no table"):
+        judge_part("shop", 3, "run-b", ORDERS, empty)
+    legacy = Decision("shop", 3, frozenset({"g"}), 5, NOW, True, "q", "run-a", tables=None)
+    assert judge_part("shop", 3, "run-b", ORDERS, legacy) is PartStart.REPLAY
