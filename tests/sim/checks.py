@@ -28,11 +28,21 @@ Which check holds which invariant:
      batch; a task goes on only for a writer the sink accepts; a refused writer's run
      fences nobody
   9  no decision below the highest; no commit returns, and no task goes on, for a
-     batch below the highest decided
+     batch below the highest decided; after a failover took the decision of a batch
+     Spark committed, nobody but an operator told of the loss rolls back the prepared
+     transactions it named (the last copy of its rows), a data-loss error names only
+     batches a failover took, and at the end each batch in a checkpoint's commits/ has
+     its records in the table or was reported lost and accepted by the operator
   10 a run superseded before it took the sink lock decides, commits and rolls back
-     nothing; an abort rolls back undecided gids of its own run only; recover leaves
-     the gids of live runs; a task of a fenced run writes nothing
+     nothing; an abort rolls back undecided gids of its own run only, and marks no other
+     run's batch aborted (a refused writer's abort touches no other query's run); recover
+     leaves the gids of live runs; a task of a fenced run writes nothing; a session is
+     ended as a fenced run's lock holder only while it works for a superseded run
   12 a retry never waits on a prepared attempt of its own task that it could see
+
+A failover (``World._maybe_fail_over``) takes the decisions written after its cut: the
+shadow moves them to ``lost`` (their gids out of ``named``), and forgets the COMMIT
+PREPAREDs the server no longer has.
 """
 
 from __future__ import annotations
@@ -42,14 +52,16 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sqlsink.core.admission import refuses
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding
 from sqlsink.core.participant import Start
+from sqlsink.errors import DataLossError
 from tests.sim.memory import DecisionRow, Session, Txn, lock_key
 from tests.sim.sched import Violation
 
 if TYPE_CHECKING:
-    from tests.sim.world import Purpose, World, Writer
+    from tests.sim.world import Purpose, Query, Run, World, Writer
 
 
 # Windows of the current core that the simulation found. The default run counts them
@@ -60,8 +72,20 @@ if TYPE_CHECKING:
 # "task-fenced" (never tolerated by the default run).
 KNOWN: dict[str, str] = {
     # windows of the core this simulation found, while they stay open (each was tolerated
-    # and counted until its fix; both are closed now: run_registry.register_run's ``admit``,
-    # and Committer.resolve_leftovers registering again under the lock)
+    # and counted until its fix; two are closed: run_registry.register_run's ``admit``,
+    # and Committer.resolve_leftovers registering again under the lock). Issue 26's
+    # three, open until their fixes are merged (branch fix/cone, fix/rone):
+    "lost-decision-rolled-back": "C1: the last copy of a batch whose decision a failover "
+    "took is rolled back (a task's leftovers, a sweep, recover) before the loss is reported",
+    "abort-acts-on-another-query": "R1: the abort of a query's batch that no task reported "
+    "to finds another query's run by the driver token the two share (one driver), and "
+    "aborts it (the refused query's abort, the owner's batch)",
+    "abort-sweeps-after-fencing": "an abort's second sweep (core/abort.py after_late_tasks, "
+    "once the batch's task sessions ended) does not register under the lock again: a run "
+    "superseded meanwhile rolls back its own undecided gids (harmless: nobody can decide "
+    "them; found beside issue 26, not fixed)",
+    "live-session-ended": "R2: a kept session that a fenced run recorded as its lock holder "
+    "is ended while the new run uses it",
 }
 
 
@@ -101,6 +125,11 @@ class Checker:
         self.foreign: set[str] = set()  # never to be finished by the sink
         self.highest_at_lock: dict[tuple[int, str], int | None] = {}
         self.seen: Counter[str] = Counter()  # what happened, to show the paths are taken
+        # decisions a failover took (and the gids they named), and batches an operator
+        # accepted as lost after a data-loss error: (query name, batch)
+        self.lost: dict[tuple[str, int, int], Shadow] = {}
+        self.lost_named: dict[str, tuple[str, int, int]] = {}
+        self.accepted: set[tuple[str, int]] = set()
 
     def _kind(self, session: Session) -> str:
         purpose: Purpose | None = session.purpose
@@ -145,8 +174,29 @@ class Checker:
 
     # -- hooks of the in-memory server --------------------------------------------------
 
-    def on_terminate(self, session: Session, holder: Session) -> None:
+    def on_terminate(self, session: Session, holder: Session, sink: str) -> None:
+        """A lock holder ended as a fenced run's: only while it works for a superseded
+        run (the one that recorded it, or any), never in the middle of a live run's use."""
         self.seen["fenced lock holder ended"] += 1
+        purpose: Purpose | None = holder.purpose
+        run_id = None if purpose is None else purpose.run
+        run = (
+            None
+            if run_id is None
+            else self.world.server.log(holder.database).runs.get((sink, run_id))
+        )
+        if run is None or run.superseded_at is None:
+            what = "nothing" if purpose is None else f"the {purpose.kind} of run {run_id}"
+            self._known(
+                "live-session-ended",
+                Violation(
+                    "10",
+                    f"the {self._kind(session)} ended session pid {holder.pid} as a fenced "
+                    f"run's holder of the lock of sink {sink}, while it works for {what}, "
+                    f"which is not superseded (use {holder.uses} of a kept session: a fenced "
+                    "run had recorded it in an earlier use)",
+                ),
+            )
 
     def on_lock(self, session: Session, key: str) -> None:
         sink = key.removeprefix("sqlsink:sink:")
@@ -165,9 +215,26 @@ class Checker:
             )
         if (run := self._fenced_before_lock(session, gid.sink_id)) is not None:
             violation = Violation("10", f"run {run}, superseded before it took the lock, committed")
-            if self._kind(session) != "task":
+            purpose: Purpose | None = session.purpose
+            if (
+                purpose is not None
+                and purpose.kind == "abort"
+                and gid.run_id != purpose.run
+                and (how := self._acts_on_another_query(session, gid.sink_id, gid.run_id))
+            ):
+                self._known(
+                    "abort-acts-on-another-query",
+                    Violation(
+                        "10",
+                        f"the abort of run {run} ({purpose.writer}, {how}) committed {txn.gid} "
+                        f"of run {gid.run_id} ({self._writer_of_run(gid.run_id)}): an abort "
+                        "acts beyond its own run",
+                    ),
+                )
+            elif self._kind(session) != "task":
                 raise violation
-            self._known("leftovers-after-fencing", violation)
+            else:
+                self._known("leftovers-after-fencing", violation)
         records = [record_of(table, key) for table, key in txn.rows]
         for record in records:
             if record in self.visible:
@@ -193,28 +260,222 @@ class Checker:
                 f"(sink {sink}, epoch {epoch}): a decided batch partly rolled back",
             )
         purpose: Purpose | None = session.purpose
-        if not own and (run := self._fenced_before_lock(session, gid.sink_id)) is not None:
+        undecided = self._shadow(gid.sink_id, gid.batch_id) is None
+        self._last_copy(session, txn, gid)
+        if (
+            purpose is not None
+            and undecided
+            and purpose.kind == "abort"
+            and gid.run_id != purpose.run
+            and not self._ended_predecessor(session, gid.run_id)
+        ):
+            how = self._acts_on_another_query(session, gid.sink_id, gid.run_id)
+            violation = Violation(
+                "10",
+                f"the abort of run {purpose.run} ({purpose.writer}"
+                f"{', ' + how if how else ''}), batch {purpose.batch}, rolled back "
+                f"{txn.gid} of run {gid.run_id} ({self._writer_of_run(gid.run_id)}): an "
+                "abort acts beyond its own run",
+            )
+            if how is None:
+                raise violation
+            self._known("abort-acts-on-another-query", violation)
+        elif not own and (run := self._fenced_before_lock(session, gid.sink_id)) is not None:
             violation = Violation(
                 "10",
                 f"run {run}, superseded before it took the sink lock, rolled back {txn.gid}",
             )
-            if purpose is None or purpose.kind != "task":
+            if purpose is not None and purpose.kind == "abort" and gid.run_id == run:
+                self._known("abort-sweeps-after-fencing", violation)
+            elif purpose is None or purpose.kind != "task":
                 raise violation
-            self._known("leftovers-after-fencing", violation)
-        undecided = self._shadow(gid.sink_id, gid.batch_id) is None
-        if purpose is not None and undecided:
-            if purpose.kind == "abort" and gid.run_id != purpose.run:
-                raise Violation(
-                    "10",
-                    f"the abort of run {purpose.run}, batch {purpose.batch}, rolled back "
-                    f"{txn.gid} of run {gid.run_id}: an abort acts beyond its own run",
-                )
-            if purpose.kind == "recover" and gid.run_id in session.live_read:
-                raise Violation("10", f"recover rolled back {txn.gid} of the live run")
+            else:
+                self._known("leftovers-after-fencing", violation)
+        if (
+            purpose is not None
+            and undecided
+            and purpose.kind == "recover"
+            and gid.run_id in session.live_read
+        ):
+            raise Violation("10", f"recover rolled back {txn.gid} of the live run")
         self.rolled_back.add(str(txn.gid))
         self.seen[
             "ROLLBACK PREPARED of its own" if own else f"ROLLBACK PREPARED by {self._kind(session)}"
         ] += 1
+
+    def _writer_of_run(self, run_id: str) -> Writer | None:
+        run: Run | None = self.world.runs_by_id.get(run_id)
+        return None if run is None else run.owner.writer
+
+    def _ended_predecessor(self, session: Session, run_id: str) -> bool:
+        """The abort's run had no task register, and the driver token named the run of
+        the same query before it in the same driver, which has ended (a query runs one run
+        at a time in a driver): acting on what that run left is what its next run's first
+        task would do. Counted, not failed."""
+        purpose: Purpose | None = session.purpose
+        mine = (
+            None
+            if purpose is None or purpose.run is None
+            else self.world.runs_by_id.get(purpose.run)
+        )
+        other: Run | None = self.world.runs_by_id.get(run_id)
+        if (
+            mine is None
+            or other is None
+            or other.owner is not mine.owner
+            or other.process is not mine.process
+            or other.alive
+        ):
+            return False
+        self.seen["abort acted on the ended run before it in its driver"] += 1
+        return True
+
+    def _acts_on_another_query(self, session: Session, sink: str, run_id: str) -> str | None:
+        """R1: the session's abort acts on ``run_id``, another writer's run (found by the
+        driver token two queries of one driver share). How the sink sees the aborting
+        writer (refused, or not bound yet), or None when the run is its own writer's."""
+        purpose: Purpose | None = session.purpose
+        other = self._writer_of_run(run_id)
+        if purpose is None or purpose.writer is None or other in (None, purpose.writer):
+            return None
+        log = self.world.server.log(session.database)
+        row = log.sinks.get(sink)
+        bound = None if row is None else Binding(row.writer or "unknown", row.query_id)
+        highest = max((b for s, b in log.decisions if s == sink), default=None)
+        mine = binding_of(purpose.writer)
+        assert mine is not None
+        if refuses(bound, highest, mine):
+            return f"a writer the sink refuses (it is bound to {other})"
+        return "a writer beside another query of the same sink, whose run fenced its own"
+
+    def on_mark_aborted(self, session: Session, sink: str, run_id: str, batch: int) -> None:
+        """An abort marks its own run's batch aborted, no other run's (invariant 10)."""
+        purpose: Purpose | None = session.purpose
+        if purpose is None or purpose.kind != "abort" or purpose.run == run_id:
+            return
+        if self._ended_predecessor(session, run_id):
+            return
+        how = self._acts_on_another_query(session, sink, run_id)
+        violation = Violation(
+            "10",
+            f"the abort of run {purpose.run} ({purpose.writer}"
+            f"{', ' + how if how else ''}), batch {purpose.batch}, marked batch {batch} of run "
+            f"{run_id} ({self._writer_of_run(run_id)}) aborted: an abort acts beyond its own "
+            "run (that run's tasks roll themselves back, and it counts as over)",
+        )
+        if how is not None:
+            self._known("abort-acts-on-another-query", violation)
+        else:
+            raise violation
+
+    def _last_copy(self, session: Session, txn: Txn, gid: Gid) -> None:
+        """C1: a failover took the decision of a batch Spark committed; the prepared
+        transactions it named hold the last copy of the batch's rows. Only an operator
+        told of the loss (by the data-loss error) may roll them back."""
+        key = self.lost_named.get(str(txn.gid))
+        if key is None:
+            return
+        sink, epoch, batch = key
+        if (
+            epoch != self.epoch[sink]
+            or (sink, batch) in self.world.server.log(txn.database).decisions
+        ):
+            return
+        query = self.world.query_of(self.lost[key].writer)
+        if query is None or batch not in query.commits:
+            return  # Spark re-runs it: its rows come again
+        purpose: Purpose | None = session.purpose
+        if purpose is not None and purpose.kind == "operator" and batch in purpose.told:
+            self.seen["lost batch rolled back by the operator told"] += 1
+            return
+        self._known(
+            "lost-decision-rolled-back",
+            Violation(
+                "9",
+                f"the {self._kind(session)} rolled back {txn.gid}: Spark's checkpoint records "
+                f"batch {batch} of sink {sink} as committed (commits/{batch} of {query.name}), "
+                "a failover took its decision, and this prepared transaction held the last "
+                "copy of its rows (rolled back before the loss was reported)",
+            ),
+        )
+
+    # -- a failover ---------------------------------------------------------------------
+
+    def on_failover(self, before: dict[str, dict[tuple[str, int], DecisionRow]]) -> None:
+        """The server went back to a cut: the decisions it lost move to ``lost``, the
+        COMMIT PREPAREDs it lost are forgotten (their rows are no longer visible)."""
+        server = self.world.server
+        for database, decisions in before.items():
+            after = server.log(database).decisions
+            for sink, batch in decisions:
+                if (sink, batch) in after:
+                    continue
+                key = (sink, self.epoch[sink], batch)
+                shadow = self.decided.pop(key, None)
+                if shadow is None:
+                    continue
+                self.lost[key] = shadow
+                self.seen["decision lost in a failover"] += 1
+                for gid in shadow.gids:
+                    self.named.pop(gid, None)
+                    self.lost_named[gid] = key
+        for gid in [g for g in self.committed if g not in server.committed]:
+            for record in self.committed.pop(gid):
+                if self.visible.get(record) == gid:
+                    del self.visible[record]
+        self.rolled_back -= set(server.prepared)
+        self.highest_at_lock.clear()
+        for sink, epoch in list(self.owner):
+            row = server.log(self.world_db).sinks.get(sink)
+            if epoch == self.epoch[sink] and (row is None or row.writer is None):
+                del self.owner[(sink, epoch)]
+
+    @property
+    def world_db(self) -> str:
+        from tests.sim.world import DB
+
+        return DB
+
+    def unsettled(self, query: Query) -> list[int]:
+        """Batches of ``query`` in its commits/ whose decision a failover took, neither
+        decided again nor accepted as lost."""
+        log = self.world.server.log(self.world_db)
+        return sorted(
+            batch
+            for (sink, epoch, batch), shadow in self.lost.items()
+            if sink == query.sink
+            and epoch == self.epoch[sink]
+            and shadow.writer == query.writer
+            and batch in query.commits
+            and (sink, batch) not in log.decisions
+            and (query.name, batch) not in self.accepted
+        )
+
+    def on_loss_reported(self, run: Run, error: DataLossError) -> None:
+        """A data-loss error is right only for batches Spark committed whose decision a
+        failover took (invariant 9); anything else is a false alarm, or a real loss."""
+        query = self.world.query_of(run.owner.writer)
+        lost = error.context.get("lost")
+        sink = error.context.get("sink_id")
+        taken = set() if query is None else set(self.unsettled(query))
+        if (
+            query is None
+            or sink != query.sink
+            or not isinstance(lost, list)
+            or not lost
+            or not all(isinstance(b, int) and b in taken for b in lost)
+        ):
+            raise Violation(
+                "5",
+                f"the sink reports data loss that no failover caused (batches a failover "
+                f"took from {run.owner.name}, Spark committed, and nobody settled: "
+                f"{sorted(taken)}): {error.message}",
+            )
+        self.seen["loss reported"] += 1
+
+    def accept_lost(self, query: Query, batches: list[int]) -> None:
+        """The operator followed the advice to accept the loss: reported, not silent."""
+        self.accepted.update((query.name, b) for b in batches)
 
     def on_insert_decision(self, session: Session, row: DecisionRow) -> None:
         purpose: Purpose | None = session.purpose
@@ -357,6 +618,8 @@ class Checker:
                 )
         self.epoch[sink] = epoch + 1
         self.seen[f"log removed by {how}"] += 1
+        if self.world.server.cut_points is not None:
+            self.world.server.cut_points.clear()  # a failover back across it: not modelled
 
     def on_prune(self, session: Session, sink: str, batch_ids: list[int]) -> None:
         for batch in batch_ids:
@@ -393,6 +656,9 @@ class Checker:
     def on_spark_committed(self, writer: str, batch: int, records: Sequence[Hashable]) -> None:
         """Spark wrote commits/N (or a load's commit returned): its rows are all there."""
         missing = [r for r in records if r not in self.visible]
+        query = next((q for q in self.world.queries if q.name == writer), None)
+        if query is not None and batch in self.unsettled(query):
+            return  # a failover took it after the commit returned: its loss is reported later
         if missing:
             raise Violation(
                 "7",
@@ -434,3 +700,14 @@ class Checker:
             for (sink, batch), row in log.decisions.items():
                 if row.completed_at is None:
                     raise Violation("5", f"{sink} batch {batch} in {database} never complete")
+        for query in self.world.queries:  # invariant 7 and 9: nothing silently missing
+            for batch in sorted(query.commits):
+                start, end = query.offsets[batch]
+                missing = [r for r in range(start, end) if (query.name, r) not in self.visible]
+                if missing and (query.name, batch) not in self.accepted:
+                    raise Violation(
+                        "7",
+                        f"{query.name} batch {batch} is in its checkpoint's commits/, but "
+                        f"records {missing} are not in the table, and no data-loss error "
+                        "reported them to an operator who accepted the loss",
+                    )
