@@ -54,12 +54,14 @@ def relate(
     *,
     undecided_prepared: Mapping[int, int] | None = None,
     first_decided: int | None = None,
+    sink_id: str | None = None,
 ) -> list[BatchRelation]:
     """Per batch, how Spark's logs relate to the sink's decisions, and what happens next.
 
     ``decisions``: the sink's decisions from the checkpoint's oldest batch on.
     ``undecided_prepared``: per batch, prepared gids of the sink without a decision.
     ``first_decided``: the sink's first decided batch (default: the first in ``decisions``).
+    ``sink_id``: named in the commands the messages give.
     """
     undecided_prepared = undecided_prepared or {}
     known = set(checkpoint.offsets) | checkpoint.commits
@@ -75,7 +77,9 @@ def relate(
         decision = decisions.get(batch)
         kind = "none" if decision is None else "complete" if decision.complete else "incomplete"
         rows = decision.rows if decision else None
-        seen = _Seen(batch, decision, last_offsets, first_decided, undecided_prepared.get(batch, 0))
+        seen = _Seen(
+            batch, decision, last_offsets, first_decided, undecided_prepared.get(batch, 0), sink_id
+        )
         state, level, message = _relation(seen, has_offsets, committed)
         out.append(BatchRelation(batch, has_offsets, committed, kind, rows, state, level, message))
     return out
@@ -93,6 +97,7 @@ class _Seen:
     last_offsets: int  # the checkpoint's last batch with offsets (-1: none)
     first_decided: int | None
     undecided_prepared: int  # prepared gids of the batch without a decision
+    sink_id: str | None = None
 
     @property
     def rest(self) -> str:
@@ -126,6 +131,16 @@ def _in_commits(seen: _Seen) -> Relation:
             f"batch {batch} is committed in Spark's commit log and decided in PostgreSQL, "
             f"but not every transaction of it is committed yet{rest}",
         )
+    if seen.undecided_prepared:  # Spark went past it: its decision was lost, not its rows
+        return (
+            "no_decision",
+            "warning",
+            f"batch {batch} is in Spark's commit log but has no decision in PostgreSQL, and "
+            f"{seen.undecided_prepared} prepared transaction(s) of it hold its rows: its "
+            "decision was lost (a failover or a restore); they are left prepared for "
+            f"sqlsink recover{'' if seen.sink_id is None else ' --sink-id ' + seen.sink_id} "
+            f"--commit-lost {batch}",
+        )
     if first_decided is None or batch < first_decided:
         return (
             "no_decision",
@@ -138,8 +153,9 @@ def _in_commits(seen: _Seen) -> Relation:
         "no_decision",
         "warning",
         f"batch {batch} is in Spark's commit log but has no decision in PostgreSQL: an "
-        "empty batch committed without a sink id, or its decision row was deleted; if "
-        "it wrote rows, they are not in PostgreSQL",
+        "empty batch committed without a sink id, a batch a foreachBatch function did not "
+        "hand to the writer (--mark-skipped records it), or its decision was lost (a "
+        "failover or a restore) or deleted; if it wrote rows, they are not in PostgreSQL",
     )
 
 

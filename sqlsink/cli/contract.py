@@ -129,6 +129,11 @@ class RecoverSinkJson(TypedDict):
     live_runs: list[str]  # the runs treated as live: their undecided gids were left
     fenced_runs: list[str]  # the runs this command declared dead (--force --run-id)
     ended_sessions: list[int]  # pids of the fenced runs' sessions this command ended
+    # batches this command decided (--commit-lost, --mark-skipped)
+    decided_batches: list[int]
+    # undecided batches Spark went past (its checkpoint, or the commit log's record): their
+    # decision was lost, and their prepared transactions were left (--commit-lost commits them)
+    lost_decision_batches: list[int]
 
 
 class ActionJson(TypedDict):
@@ -186,6 +191,8 @@ class RecoverDocument(Envelope):
     actions: list[ActionJson]
     data_loss: list[DataLossJson]
     checkpoint: CheckpointJson | None  # null without --checkpoint
+    commit_lost: list[int]  # --commit-lost: batches to decide with their prepared transactions
+    mark_skipped: list[int]  # --mark-skipped: batches to record without rows
 
 
 # -- status -------------------------------------------------------------------------------

@@ -89,6 +89,16 @@ def _sink_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _batch_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a batch id (0, 1, 2, ...)")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -144,7 +154,10 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="commit or roll back the prepared transactions a sink left behind",
         description="Resolve the prepared transactions of a sink (or of every sink in the "
         "database) with the sink's own rule: a gid its batch's decision names is committed, "
-        "any other gid of the sink is rolled back; transactions not provably the sink's "
+        "any other gid of the sink is rolled back, but those of a batch whose decision "
+        "was lost (Spark went past it: --checkpoint has commits/K, or a later commit or "
+        "abort of the sink shows it), which --commit-lost K commits; transactions not "
+        "provably the sink's "
         "(other applications, other sinks, other databases) are never touched, nor those "
         "of a live run (heard from within its timeout: the runs registry, not connected "
         "sessions), which its own commit finishes; --force --run-id RUN declares a run "
@@ -163,9 +176,32 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="DIR",
         help="the query's checkpoint directory: "
         "report how Spark's\noffsets/commits relate to the commit log; refuse if "
-        "the sink\nis bound to another query",
+        "the sink\nis bound to another query. Read before anything is resolved:\n"
+        "the prepared transactions of a batch it records as committed\nbut that has no "
+        "decision are left (see --commit-lost)",
     )
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument(
+        "--commit-lost",
+        action="append",
+        type=_batch_id,
+        metavar="K",
+        help="a batch whose decision was lost (a failover or a restore)\nwhile its "
+        "transactions stayed prepared: decide it naming them,\nthen commit them (repeat "
+        "for several). Refused unless Spark\nwent past K (--checkpoint has commits/K, or "
+        "a later\ncommit or abort of the sink shows it), K is above the\nhighest decided "
+        "batch, and its transactions are one\nattempt per partition of one run",
+    )
+    p.add_argument(
+        "--mark-skipped",
+        action="append",
+        type=_batch_id,
+        metavar="N",
+        help="a batch Spark committed that had nothing for this sink\n(a foreachBatch "
+        "function that did not hand it to the\nwriter): record it with an empty decision "
+        "(repeat for\nseveral). Refused on the same terms as --commit-lost,\nand when N "
+        "has prepared transactions",
+    )
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument(
         "--run-id",
@@ -197,6 +233,12 @@ def _check_force(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], N
             )
         if args.run_id and not args.force:
             p.error("--run-id names runs for --force to declare dead: add --force")
+        both = set(args.commit_lost or []) & set(args.mark_skipped or [])
+        if both:
+            p.error(
+                f"batch {min(both)} is named by both --commit-lost and --mark-skipped: a lost "
+                "batch with prepared transactions is committed, one without is skipped"
+            )
 
     return check
 

@@ -8,6 +8,12 @@ for their own commit, everything else of the sink is resolved. ``--force --run-i
 first declares named runs dead (fences them), so that their transactions are resolved
 too and they can never commit again. ``recover_report`` turns the result into the
 report.
+
+A batch whose decision was lost (Spark went past it: its checkpoint, or the commit log's
+own record, says so; ``recover_lost``) keeps its prepared transactions: they hold its
+rows. ``--commit-lost K`` decides it first, naming them, so that the recovery commits
+them; ``--mark-skipped N`` records a batch without rows. With ``--checkpoint``, Spark's
+commit log is read before anything is resolved.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_id_of_checkpoint,
 )
+from sqlsink.cli.recover_lost import Decider, Evidence, evidence, lost_batches, requests
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
@@ -84,6 +91,8 @@ class Recovery:
     run_ids: list[str]  # --run-id: the runs --force declares dead (of sink_id)
     lock_timeout: float
     bound: dict[str, pg_decisions.SinkRow]  # every sink of the database, with its query
+    checkpoint: Checkpoint | None = None  # --checkpoint (of sink_id)
+    decided: list[int] = field(default_factory=list)  # decided by --commit-lost/--mark-skipped
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
     total: int = 0  # prepared transactions to finish, for the progress notes
@@ -97,6 +106,9 @@ class Recovery:
         targets = [self.sink_id] if self.sink_id else self._sinks_with_leftovers()
         bound = self.bound
         self.sinks = [SinkRecovery(s, bound[s].query_id if s in bound else None) for s in targets]
+        for sink in self.sinks:
+            if sink.sink_id == self.sink_id:
+                sink.decided_batches = list(self.decided)
         try:
             for sink in self.sinks:
                 self._prepare(sink)
@@ -133,8 +145,41 @@ class Recovery:
             self._fence(sink)
         if self._take_lock(sink, committer):
             self._survey_runs(sink)
-            sink.plan = committer.plan(committer.recovery_scope())
+            sink.plan = committer.plan(self._scope(sink))
             self._warn_foreign_owners(sink)
+
+    def decide(self, commit_lost: list[int], mark_skipped: list[int]) -> list[str]:
+        """--commit-lost and --mark-skipped: the decisions, written (or, in a dry run, only
+        checked) under the sink's lock, before anything is resolved."""
+        assert self.sink_id is not None
+        row = self.bound.get(self.sink_id)
+        decider = Decider(
+            self.backend,
+            self.sink_id,
+            row.query_id if row else None,
+            self.me,
+            self._evidence(self.sink_id),
+        )
+        done = decider.run(
+            requests(commit_lost, mark_skipped), self.lock_timeout, dry_run=self.dry_run
+        )
+        if not self.dry_run:
+            self.decided = sorted(set(commit_lost) | set(mark_skipped))
+        return done
+
+    def _evidence(self, sink_id: str) -> Evidence:
+        """What shows that Spark went past a batch of this sink (``recover_lost``)."""
+        checkpoint = self.checkpoint if sink_id == self.sink_id else None
+        return evidence(self.conn, sink_id, checkpoint)
+
+    def _scope(self, sink: SinkRecovery, live: frozenset[str] | None = None) -> Scope:
+        """Everything but the live runs' transactions (None: the registry's now) and those
+        of batches whose decision was lost (read again under the lock before acting)."""
+        sink.lost_decisions = lost_batches(self.backend, sink.sink_id, self._evidence(sink.sink_id))
+        lost = frozenset(b.batch_id for b in sink.lost_decisions)
+        if live is None:
+            live = frozenset(run for _, run in self.backend.live_runs(sink.sink_id))
+        return Scope.everything(live, lost)
 
     def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
         """The sink's runs; those live (and not named dead) keep their gids."""
@@ -160,7 +205,9 @@ class Recovery:
         else:
             locks.unlock_sink(self.conn, sink.sink_id)
         self._survey_runs(sink, treat_as_dead=sink.named)
-        sink.plan = committer.plan(Scope.everything(frozenset(r.run_id for r in sink.treated_live)))
+        sink.plan = committer.plan(
+            self._scope(sink, frozenset(r.run_id for r in sink.treated_live))
+        )
         sink.lost = confirmed_losses(self.conn, sink.plan)
         sink.status = "planned" if sink.to_do() else "nothing to do"
         if sink.lost:
@@ -188,7 +235,7 @@ class Recovery:
             return True
         sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id) or sink.holders
         self._survey_runs(sink)
-        sink.plan = committer.plan(committer.recovery_scope())
+        sink.plan = committer.plan(self._scope(sink))
         self._refuse(
             sink,
             f"the sink's lock is still held after {self.lock_timeout:g}s "
@@ -243,7 +290,10 @@ class Recovery:
     def _recover(self, sink: SinkRecovery) -> None:
         """The committer's own recovery, under the lock this session holds; then unlock."""
         try:
-            sink.plan, sink.report = Committer(self.backend, sink.sink_id).recover()
+            committer = Committer(self.backend, sink.sink_id)
+            with self.backend.sink_lock(sink.sink_id):  # as Committer.recover, but its scope
+                scope = self._scope(sink)
+                sink.plan, sink.report = committer.resolver.resolve(scope, dry_run=False)
             report = sink.report
             did = (
                 report.committed
@@ -281,6 +331,8 @@ def start(args: argparse.Namespace, envelope: Envelope) -> RecoverDocument:
         "actions": [],
         "data_loss": [],
         "checkpoint": None,
+        "commit_lost": sorted(set(args.commit_lost or [])),
+        "mark_skipped": sorted(set(args.mark_skipped or [])),
     }
 
 
@@ -293,6 +345,12 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
     if args.force and sink_id is None:
         raise CliError(
             "--force declares runs of one sink dead: name the sink",
+            "add --sink-id ID (or --checkpoint DIR of its query)",
+        )
+    commit_lost, mark_skipped = list(args.commit_lost or []), list(args.mark_skipped or [])
+    if (commit_lost or mark_skipped) and sink_id is None:
+        raise CliError(
+            "--commit-lost and --mark-skipped decide batches of one sink: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
         )
     with open_connection(args.url, "recover", args.password_command) as conn:
@@ -310,11 +368,15 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             run_ids,
             args.lock_timeout,
             pg_decisions.sinks(conn),
+            checkpoint,
         )
         if checkpoint is not None and sink_id is not None:
             check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
         mode = " (dry run: nothing is changed)" if args.dry_run else ""
         header(out, "recover", me, mode)
+        if commit_lost or mark_skipped:
+            for said in recovery.decide(commit_lost, mark_skipped):
+                recovery.warnings.append(Notice("info", said, None, sink_id))
         recovery.resolve()
         return _report(recovery, checkpoint, doc)
 

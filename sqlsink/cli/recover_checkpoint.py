@@ -79,7 +79,11 @@ def relate_checkpoint(
         if gid.batch_id not in decisions and gid.batch_id >= oldest:
             undecided[gid.batch_id] = undecided.get(gid.batch_id, 0) + 1
     relations = relate(
-        checkpoint, states, undecided_prepared=undecided, first_decided=summary.first_decided
+        checkpoint,
+        states,
+        undecided_prepared=undecided,
+        first_decided=summary.first_decided,
+        sink_id=sink_id,
     )
     for problem in checkpoint.problems:
         warnings.append(Notice("warning", f"checkpoint: {problem}", None, sink_id))

@@ -73,8 +73,9 @@ def _print_left(left: list[ActionJson], out: Output) -> None:
         return
     out.line()
     out.line(
-        "left untouched (a live run's, which its own commit finishes; not provably the "
-        "recovered sinks'; or in another database):"
+        "left untouched (a live run's, which its own commit finishes; a batch whose "
+        "decision was lost, for --commit-lost; not provably the recovered sinks'; or in "
+        "another database):"
     )
     rows = [
         [j["gid"], j["database"], j["owner"], format_age(j["age_seconds"]), j["reason"]]

@@ -29,6 +29,7 @@ from sqlsink.cli.output import (
     format_age,
     session_json,
 )
+from sqlsink.cli.recover_lost import LostBatch, lost_notice
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
@@ -58,6 +59,9 @@ class SinkRecovery:
     plan: Plan | None = None
     report: ResolutionReport | None = None
     lost: list[tuple[int, str]] = field(default_factory=list)
+    # batches Spark went past without a decision: their transactions are left prepared
+    lost_decisions: list[LostBatch] = field(default_factory=list)
+    decided_batches: list[int] = field(default_factory=list)  # --commit-lost, --mark-skipped
 
     @property
     def live(self) -> bool:
@@ -189,6 +193,7 @@ def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice
         n = len(sink.to_do())
         message = f"{n} prepared transaction(s) to finish"
         warnings.append(Notice("info", message, f"run: {fix_cmd}", sink.sink_id))
+    warnings += [lost_notice(sink.sink_id, lost, out, dry_run) for lost in sink.lost_decisions]
     if sink.status != "refused":
         warnings += [_live_run_notice(sink, run, dry_run, fix_cmd) for run in sink.treated_live]
     warnings += _fenced_notices(sink, dry_run)
@@ -314,6 +319,8 @@ def sink_json(sink: SinkRecovery, actions: list[ActionJson]) -> RecoverSinkJson:
         "live_runs": [r.run_id for r in sink.treated_live],
         "fenced_runs": list(sink.fenced),
         "ended_sessions": list(sink.ended),
+        "decided_batches": list(sink.decided_batches),
+        "lost_decision_batches": [b.batch_id for b in sink.lost_decisions],
     }
 
 

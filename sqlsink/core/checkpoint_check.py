@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +62,14 @@ class Unreadable:
 CommitsReader = Callable[[], "frozenset[int] | Unreadable"]
 
 
+class EntryPoint(enum.Enum):
+    """Which of the sink's entry points commits: it says why a batch may lack a decision."""
+
+    DATA_SOURCE = "format('sqlsink')"  # Spark calls commit() for every batch
+    FOREACH_BATCH = "foreachBatch"  # a user's function may not hand a batch to the writer
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """How a sink relates its checkpoint: where it is, how to list it, what to do."""
@@ -70,6 +78,7 @@ class CheckpointPolicy:
     read_commits: CommitsReader
     mode: CheckpointMode = CheckpointMode.WARN
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    entry: EntryPoint = EntryPoint.UNKNOWN  # set by spark/plan.py's CommitterSession
 
 
 VERDICTS = ("verified", "loss", "unverified", "off")
@@ -144,17 +153,44 @@ class CheckpointCheck:
         self.ledger = ledger
         self.policy = policy
 
-    def at_commit(self, sink_id: str, run_id: str, batch_id: int) -> Verdict | None:
+    def at_commit(
+        self,
+        sink_id: str,
+        run_id: str,
+        batch_id: int,
+        *,
+        prepared: Mapping[int, Sequence[str]] | None = None,
+    ) -> Verdict | None:
         """Relate the checkpoint to the log when due; None when not due. Raises
         DataLossError for missing decisions, CheckpointError for an unreadable
-        checkpoint under ``require``; either way before batch N is decided."""
+        checkpoint under ``require``; either way before batch N is decided.
+
+        ``prepared``: undecided prepared gids of batches between the log's highest
+        decision and N (``Resolver.lost_decisions``): Spark went past those batches, so
+        their decisions were lost whatever the checkpoint says (or whether it can be
+        read at all). They make the check due, and a loss."""
         policy = self.policy
-        if not is_due(policy.mode, self.ledger.run_check(sink_id, run_id), batch_id):
+        held = {b: list(g) for b, g in (prepared or {}).items() if g}
+        if not held and not is_due(policy.mode, self.ledger.run_check(sink_id, run_id), batch_id):
             return None
         verdict, tail = self._judge(sink_id, batch_id)
+        if held:
+            lost = tuple(sorted(set(verdict.lost) | set(held)))
+            detail = f"{_batches(held)} undecided with prepared transactions below batch {batch_id}"
+            if verdict.kind == "loss":
+                detail = f"{verdict.detail}; {detail}"
+            verdict = Verdict("loss", detail, lost)
         self.ledger.record_check(sink_id, run_id, batch_id, policy.location, verdict)
         if verdict.kind == "loss":
-            raise checkpoint_loss_error(sink_id, policy.location, verdict.lost, batch_id, tail=tail)
+            raise checkpoint_loss_error(
+                sink_id,
+                policy.location,
+                verdict.lost,
+                batch_id,
+                tail=tail,
+                prepared=held,
+                entry=policy.entry,
+            )
         if verdict.kind == "unverified":
             if policy.mode is CheckpointMode.REQUIRE:
                 raise unverified_error(sink_id, policy.location, verdict.detail, batch_id)
@@ -234,10 +270,96 @@ def checkpoint_loss_error(
     batch_id: int,
     *,
     tail: bool = True,
+    prepared: Mapping[int, Sequence[str]] | None = None,
+    entry: EntryPoint = EntryPoint.UNKNOWN,
 ) -> DataLossError:
-    """Spark committed batches whose decisions the database no longer has. ``tail``:
-    no batch above the first missing one is decided, so Spark may re-run from there."""
-    first = min(lost)
+    """Batches Spark went past that the commit log has no decision for.
+
+    ``prepared``: those of them whose transactions are still prepared: their decision
+    was certainly lost, and the transactions hold their rows (commit them with
+    ``sqlsink recover --commit-lost``). The others have nothing prepared: for
+    format('sqlsink') the decision was lost; for the foreachBatch writer the function may
+    also have returned without handing the batch to the writer (``entry`` says which).
+    ``tail``: no batch above the first missing one is decided, so Spark may re-run
+    from there."""
+    held = {b: sorted(g) for b, g in sorted((prepared or {}).items()) if g}
+    bare = sorted(set(lost) - set(held))
+    parts = [f"data loss: sink {sink_id!r}:"]
+    if held:
+        parts.append(_held_text(sink_id, held, bare, batch_id))
+    if bare:
+        parts.append(_bare_text(sink_id, location, bare, tail, entry, after=bool(held)))
+    parts.append(
+        f"Batch {batch_id} is not decided: its transactions are rolled back; see the README's "
+        "'data loss' runbook"
+    )
+    return DataLossError(
+        " ".join(parts),
+        sink_id=sink_id,
+        lost=sorted(set(lost) | set(held)),
+        prepared=held,
+        batch=batch_id,
+    )
+
+
+def lost_decision_error(
+    sink_id: str, prepared: Mapping[int, Sequence[str]], batch_id: int
+) -> DataLossError:
+    """Undecided prepared transactions below the running batch, no checkpoint check."""
+    return checkpoint_loss_error(sink_id, None, list(prepared), batch_id, prepared=prepared)
+
+
+def _held_text(sink_id: str, held: dict[int, list[str]], bare: list[int], batch_id: int) -> str:
+    """Batches whose transactions are still prepared: the decision was certainly lost."""
+    one = len(held) == 1
+    if one:
+        [(only, gids)] = held.items()
+        listed = ", ".join(gids)
+        what = f"batch {only} has no decision in the commit log, but its {len(gids)} transactions"
+        decision = f"the decision of batch {only} was"
+    else:
+        listed = "; ".join(f"batch {b}: {', '.join(g)}" for b, g in held.items())
+        what = f"{_batches(held)} have no decision in the commit log, but their transactions"
+        decision = f"the decisions of {_batches(held)} were"
+    flags = " ".join(f"--commit-lost {b}" for b in held)
+    below = [b for b in bare if b < max(held)]
+    settle = (
+        f" ({_batches(below)} below must be settled in the same command: add --mark-skipped "
+        "for each of them, which records it as a batch without rows)"
+        if below
+        else ""
+    )
+    return (
+        f"{what} are still prepared ({listed}) while Spark runs batch {batch_id}: Spark runs "
+        "a batch only after committing the one before it, and the sink commits a batch only "
+        f"after deciding it, so {decision} certainly lost (an asynchronous failover to a "
+        "standby that had not received it, or a point-in-time restore). Those prepared "
+        "transactions hold the rows, the only copy left, and are left prepared (the rows of "
+        "each partition whose PREPARE the standby received: if some did not, theirs are "
+        "missing, and nothing here can tell; re-running the batch from Spark's checkpoint, "
+        "when the source still holds it, is exact either way). Commit them: "
+        f"stop the query, run sqlsink recover --sink-id {sink_id} {flags}{settle} (add "
+        "--checkpoint with the query's checkpoint to have it checked against Spark's commit "
+        "log first), then restart the query."
+    )
+
+
+def _bare_text(
+    sink_id: str,
+    location: str | None,
+    bare: list[int],
+    tail: bool,
+    entry: EntryPoint,
+    *,
+    after: bool,
+) -> str:
+    """Batches in commits/ without a decision and with nothing prepared."""
+    them = "it" if len(bare) == 1 else "them"
+    first = bare[0]
+    head = (
+        f"{'Besides, ' if after else ''}Spark's checkpoint records {_batches(bare)} as "
+        f"committed, but the commit log has no decision for {them}"
+    )
     if tail:
         redeliver = (
             "stop the query and restart it from a copy of its checkpoint taken before batch "
@@ -250,19 +372,41 @@ def checkpoint_loss_error(
             "load those batches' source records into the target yourself (later batches "
             "are decided, so the checkpoint must not be rewound)"
         )
-    return DataLossError(
-        f"data loss: sink {sink_id!r}: Spark's checkpoint records {_batches(lost)} as "
-        f"committed, but the commit log has no decision for them: the database went back "
-        "in time (an asynchronous failover to a standby that had not received them, or a "
-        "point-in-time restore), so their rows are missing from the target, and Spark "
-        f"will never run them again. Batch {batch_id} is not decided: its transactions "
-        f"are rolled back. To re-deliver the missing batches: {redeliver}. To accept the "
-        f"loss instead: stop the query, run sqlsink recover --sink-id {sink_id}, then "
-        f"sqlsink forget --sink-id {sink_id} (the sink starts a new commit log at its next "
-        "batch); see the README's 'data loss' runbook",
-        sink_id=sink_id,
-        lost=sorted(lost),
-        batch=batch_id,
+    went_back = (
+        "the database went back in time (an asynchronous failover to a standby that had not "
+        "received them, or a point-in-time restore), so their rows are missing from the "
+        "target, and Spark will never run them again"
+    )
+    accept = (
+        f"To accept the loss instead: stop the query, run sqlsink recover --sink-id {sink_id}, "
+        f"then sqlsink forget --sink-id {sink_id} (the sink starts a new commit log at its "
+        "next batch)."
+    )
+    if entry is EntryPoint.DATA_SOURCE:
+        return (
+            f"{head}: {went_back} (format('sqlsink') has Spark call the sink's commit for "
+            "every batch, which decides the batch before Spark records it as committed). To "
+            f"re-deliver the missing batches: {redeliver}. {accept}"
+        )
+    who = (
+        "the foreachBatch function"
+        if entry is EntryPoint.FOREACH_BATCH
+        else "a foreachBatch function that writes this sink"
+    )
+    also = (
+        ""
+        if entry is EntryPoint.FOREACH_BATCH
+        else " (format('sqlsink') hands every batch to the sink: for it only the second holds)"
+    )
+    skipped = " ".join(f"--mark-skipped {b}" for b in bare)
+    return (
+        f"{head}, and nothing of {them} is prepared. Either {who} returned without handing "
+        f"{_batches(bare)} to the writer: then nothing is lost. Hand every batch to the "
+        "writer (`with writer.batch(batch_id)` decides an empty batch, "
+        "`writer.skip(batch_id)` marks a batch that has nothing for this sink), and accept "
+        f"{them} now: stop the query, run sqlsink recover --sink-id {sink_id} {skipped} "
+        f"(add --checkpoint with the query's checkpoint to have it checked), then restart "
+        f"the query.{also} Or {went_back}: re-deliver {them}: {redeliver}. {accept}"
     )
 
 

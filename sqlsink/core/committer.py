@@ -15,6 +15,8 @@ next run's tasks, or by ``sqlsink recover``.
 |                                  |                                | of N skips (decision exists) |
 | all committed, no commits/N yet  | everything committed           | re-run: tasks skip, no-op    |
 | ``commit_batch`` raises          | Spark calls ``abort_batch``    | roll back only if undecided  |
+| decided, then a failover that    | N's gids prepared, undecided;  | left by all; N+1's commit    |
+| kept N's PREPAREs, not decision  | Spark has commits/N, runs N+1  | raises; recover --commit-lost|
 
 Deciding requires every gid of the batch to be still prepared, checked under the
 sink lock; resolution takes the same lock. So a gid that a resolution rolled back
@@ -31,7 +33,7 @@ from collections.abc import Callable, Sequence
 from sqlsink.core import abort
 from sqlsink.core.admission import check_binding, check_forward, fenced_error
 from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
-from sqlsink.core.checkpoint_check import CheckpointCheck
+from sqlsink.core.checkpoint_check import CheckpointCheck, lost_decision_error
 from sqlsink.core.faults import crash_point
 from sqlsink.core.model import Binding, PartitionOutcome, ResolutionReport
 from sqlsink.core.resolution import Plan, Scope
@@ -106,8 +108,9 @@ class Committer:
 
     # -- who may write (invariants 8 and 9) ---------------------------------------------
 
-    def check_writer(self, writer: Binding | None, batch_id: int) -> None:
-        """Under the sink lock: refuse another writer, or a batch behind the decided ones."""
+    def check_writer(self, writer: Binding | None, batch_id: int) -> int | None:
+        """Under the sink lock: refuse another writer, or a batch behind the decided ones.
+        Returns the sink's highest decided batch."""
         sink_id = self.required_sink()
         highest = self.backend.highest_decided(sink_id)
         if writer is not None:
@@ -116,6 +119,7 @@ class Committer:
             if bound != writer:
                 self.backend.bind(sink_id, writer)
         check_forward(sink_id, batch_id, highest)
+        return highest
 
     # -- the batch ---------------------------------------------------------------------
 
@@ -164,11 +168,17 @@ class Committer:
     ) -> tuple[ResolutionReport, float]:
         """``commit_batch`` under the sink lock: the report, and COMMIT PREPARED's time."""
         sink_id = self.required_sink()
-        self.check_writer(writer, batch_id)
+        highest = self.check_writer(writer, batch_id)
         self.register(run_id, holds_lock=True)
-        if self.checkpoint_check is not None and run_id is not None and not load:
-            # before deciding: batches Spark committed that the log lacks stop here
-            self.checkpoint_check.at_commit(sink_id, run_id, batch_id)
+        if run_id is not None and not load:
+            # before deciding: batches Spark committed that the log lacks stop here, and so
+            # do undecided leftovers below N (their decision was lost: deciding N would
+            # leave them below the highest decided batch, where a sweep rolls them back)
+            lost = self.resolver.lost_decisions(batch_id, highest)
+            if self.checkpoint_check is not None:
+                self.checkpoint_check.at_commit(sink_id, run_id, batch_id, prepared=lost)
+            elif lost:
+                raise lost_decision_error(sink_id, lost, batch_id)
         if self.view is not None:
             # before anything of the batch is committed: a refusal rolls it back
             self.view.keep(sink_id)
@@ -178,7 +188,8 @@ class Committer:
             self._decide(batch_id, outcomes, query_id, run_id)
             crash_point("after_decision", batch_id)
         decided = time.monotonic()
-        scope = Scope.live(run_id, batch_id) if run_id else self.recovery_scope()
+        # N is decided now and nothing above it (check_forward): N is the highest decided
+        scope = Scope.live(run_id, batch_id).knowing(batch_id) if run_id else self.recovery_scope()
         report = self.resolver.resolve(scope, dry_run=False)[1]
         commit_ms = (time.monotonic() - decided) * 1000
         self.backend.record_metrics(sink_id, batch_id, commit_ms, len(report.rolled_back))

@@ -4,7 +4,10 @@
                        the sink is bound elsewhere  -> refuse (invariant 8)
                        a batch below the decided    -> refuse (invariant 9)
                        the batch is decided         -> skip (a replay writes nothing)
-                       leftovers of dead runs       -> resolve them first (their locks)
+                       leftovers of dead runs       -> resolve them first (their locks),
+                                                       but never an undecided batch between
+                                                       the highest decided and this one
+                                                       (its decision was lost: invariant 9)
                        an earlier attempt of this   -> adopt its transaction (invariant 12)
                        task is prepared
     after PREPARE      decided without us, aborted, -> roll back our own gid
@@ -90,7 +93,9 @@ class Participant:
         )
         if state.decided:
             return Start(skip=True)
-        scope = Scope.live(task.run_id, task.batch_id)
+        # an undecided leftover of a batch between the highest decided one and ours is
+        # the last copy of a batch whose decision was lost: the commit reports it
+        scope = Scope.live(task.run_id, task.batch_id).knowing(state.highest)
         gids = [g for g in map(Gid.parse, state.prepared) if g is not None]
         if any(not scope.in_flight(g) for g in gids):
             committer.resolve_leftovers(task.run_id, task.batch_id)

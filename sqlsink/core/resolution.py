@@ -2,6 +2,9 @@
 
     decided batch, gid named by its decision      -> commit       (invariant 2, 3)
     decided batch, gid not named                  -> roll back    (a denied/failed attempt)
+    undecided, its decision was lost              -> leave        (the last copy of a batch
+                                                                   Spark committed: only
+                                                                   the operator decides it)
     undecided, inside the scope's reach           -> roll back    (nobody will decide it)
     undecided, kept by the scope                  -> leave        (its commit may come)
     not provably this sink's (prefix, sink id,    -> leave        (invariant 6)
@@ -20,6 +23,15 @@ A scope says which undecided gids nobody can still decide:
 - ``Scope.aborting(run, batch)``: an abort: this run's gids up to ``batch``, and
   nothing of any other run (an abort never acts beyond its own run).
 
+A decision is known lost (invariant 9) when Spark went past its batch: Spark runs
+batch N only after ``commits/N-1``, which follows the sink's decision of N-1. So an
+undecided gid of a batch above the highest decided one and below the batch a live run
+or an abort is at (``Scope.knowing``, the resolver reads the highest decided batch
+under the sink lock), or of a batch the caller knows Spark committed (``lost``:
+``recover`` with Spark's checkpoint, or the commit log's own record of the loss), holds
+the rows of a batch whose decision a failover or a restore took away: the only copy
+left. No scope rolls it back; ``sqlsink recover --commit-lost`` decides and commits it.
+
 Besides, every gid a not-yet-complete decision names and that is no longer
 prepared must show its marker row; if not, it was rolled back by someone: data
 loss (invariant 5). The plan lists those gids for the caller to verify.
@@ -29,7 +41,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Decision, PreparedTransaction
@@ -48,10 +60,17 @@ class Scope:
     include_batch: bool = False  # aborting: this run's gids of batch_id are rolled back too
     own_run_only: bool = False  # aborting: other runs' gids are left alone
     live_runs: frozenset[str] = frozenset()  # recovery: runs whose gids are in flight
+    # the log's highest decided batch is known (``knowing``): undecided gids between it and
+    # ``batch_id`` are of batches Spark went past, whose decision was lost
+    knows_highest: bool = False
+    highest_decided: int | None = None
+    lost: frozenset[int] = frozenset()  # batches known committed by Spark, undecided here
 
     @classmethod
-    def everything(cls, live_runs: frozenset[str] = frozenset()) -> Scope:
-        return cls(live_runs=live_runs)
+    def everything(
+        cls, live_runs: frozenset[str] = frozenset(), lost: frozenset[int] = frozenset()
+    ) -> Scope:
+        return cls(live_runs=live_runs, lost=lost)
 
     @classmethod
     def live(cls, run_id: str, batch_id: int) -> Scope:
@@ -61,8 +80,42 @@ class Scope:
     def aborting(cls, run_id: str, batch_id: int) -> Scope:
         return cls(run_id, batch_id, include_batch=True, own_run_only=True)
 
+    def knowing(self, highest_decided: int | None) -> Scope:
+        """This scope, told the sink's highest decided batch (None: none decided)."""
+        return replace(self, knows_highest=True, highest_decided=highest_decided)
+
+    def lost_decision(self, gid: Gid) -> str | None:
+        """Why this undecided gid is of a batch whose decision was lost; None if it is not."""
+        batch = gid.batch_id
+        command = f"sqlsink recover --sink-id {gid.sink_id} --commit-lost {batch} commits them"
+        if batch in self.lost:
+            return (
+                f"batch {batch} has no decision, but Spark committed it: its decision was "
+                "lost (a failover or a restore) and its transactions hold its rows; left "
+                f"prepared: {command}"
+            )
+        highest = self.highest_decided
+        if (
+            self.knows_highest
+            and self.batch_id is not None
+            and batch < self.batch_id
+            and (highest is None or batch > highest)
+        ):
+            above = (
+                "no batch is decided" if highest is None else f"{highest} is the highest decided"
+            )
+            return (
+                f"batch {batch} has no decision, but Spark runs batch {self.batch_id} ({above}), "
+                "which it does only after committing the batches before it: its decision was "
+                f"lost (a failover or a restore) and its transactions hold its rows; left "
+                f"prepared: {command}"
+            )
+        return None
+
     def keeps(self, gid: Gid) -> str | None:
         """Why an undecided gid is left alone; None when nobody can decide it any more."""
+        if (lost := self.lost_decision(gid)) is not None:
+            return lost
         if gid.run_id in self.live_runs:
             return f"run {gid.run_id} is live"
         if self.run_id is None or self.batch_id is None:
@@ -96,6 +149,8 @@ class Plan:
     actions: list[PlannedAction] = field(default_factory=list)
     # decided gids no longer prepared: committed if their marker is visible, else lost
     to_verify: list[tuple[int, str]] = field(default_factory=list)
+    # undecided gids left because their batch's decision was lost, by batch
+    lost_decisions: dict[int, list[str]] = field(default_factory=dict)
 
     def gids(self, action: Action) -> list[str]:
         return [a.prepared.gid for a in self.actions if a.action is action]
@@ -126,11 +181,14 @@ def plan_resolution(
         plan.actions.append(PlannedAction(txn, gid, action, reason))
         if action is not Action.LEAVE:
             still_prepared.add(txn.gid)
+        elif gid is not None and reason == scope.lost_decision(gid):
+            plan.lost_decisions.setdefault(gid.batch_id, []).append(txn.gid)
     for (decision_sink, batch_id), decision in sorted(decisions.items()):
         if decision.complete or (sink_id is not None and decision_sink != sink_id):
             continue
         plan.to_verify += [(batch_id, g) for g in sorted(decision.gids - still_prepared)]
     plan.actions.sort(key=lambda a: a.prepared.gid)
+    plan.lost_decisions = {b: sorted(g) for b, g in sorted(plan.lost_decisions.items())}
     return plan
 
 

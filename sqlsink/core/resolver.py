@@ -58,7 +58,10 @@ class Resolver:
 
     def plan(self, scope: Scope) -> tuple[Plan, Decisions]:
         """The plan for the current state and the decisions it read (races unless the
-        sink lock is held)."""
+        sink lock is held). A scope at a batch (a live run's, an abort's) is told the
+        sink's highest decided batch: undecided gids between the two are of batches
+        whose decision was lost, and are left (``Scope.lost_decision``)."""
+        scope = self._knowing(scope)
         prepared = self.backend.prepared(self.sink_id)
         batches = {(g.sink_id, g.batch_id) for t in prepared if (g := Gid.parse(t.gid)) is not None}
         decisions = self.backend.decisions(self.sink_id, batches)
@@ -71,6 +74,35 @@ class Resolver:
             role=self.backend.finisher_role,
         )
         return plan, decisions
+
+    def _knowing(self, scope: Scope) -> Scope:
+        if scope.batch_id is None or self.sink_id is None or scope.knows_highest:
+            return scope
+        return scope.knowing(self.backend.highest_decided(self.sink_id))
+
+    def lost_decisions(self, batch_id: int, highest: int | None) -> dict[int, list[str]]:
+        """The sink's undecided prepared gids (this database, any role) of batches above
+        ``highest`` (the highest decided) and below ``batch_id``, by batch: Spark went past
+        those batches, so their decisions were lost. Nothing to read when no batch lies
+        between the two (a run's every commit but the first after a gap)."""
+        sink_id = self.sink_id
+        if sink_id is None or (highest is not None and highest >= batch_id - 1):
+            return {}
+        scope = Scope(batch_id=batch_id).knowing(highest)
+        gids = [
+            (t.gid, g.batch_id)
+            for t in self.backend.prepared(sink_id)
+            if (g := Gid.parse(t.gid)) is not None
+            and g.sink_id == sink_id
+            and t.database == self.backend.database
+            and scope.lost_decision(g) is not None
+        ]
+        decided = self.backend.decisions(sink_id, {(sink_id, b) for _, b in gids})
+        found: dict[int, list[str]] = {}
+        for gid, batch in gids:
+            if (sink_id, batch) not in decided:
+                found.setdefault(batch, []).append(gid)
+        return {b: sorted(g) for b, g in sorted(found.items())}
 
     def resolve(self, scope: Scope, *, dry_run: bool) -> tuple[Plan, ResolutionReport]:
         """Act on the plan (``dry_run``: only say what it would do); the caller holds

@@ -6,6 +6,7 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -61,10 +62,14 @@ class CommitterSession:
         check_checkpoint: bool = False,
         tables: Sequence[str] | None = None,
         views: Sequence[tuple[TableName, TableName]] | None = None,
+        foreach_batch: bool | None = None,
     ) -> None:
         self.options = options
         self.sink_id = sink_id
         self.check_checkpoint = check_checkpoint  # a stream's commit: its checkpoint vs the log
+        # which entry point commits (the checkpoint check's wording for a batch without a
+        # decision); default: the foreachBatch writer is the caller that names its tables
+        self.foreach_batch = tables is not None if foreach_batch is None else foreach_batch
         # the tables a decision records (default: the option table)
         self.tables = [str(options.table)] if tables is None else list(tables)
         # the consistent views to keep before the decision, (view, table); default: the
@@ -76,7 +81,7 @@ class CommitterSession:
 
     def __enter__(self) -> Any:
         from sqlsink.checkpoint.parse import checkpoint_policy
-        from sqlsink.core.checkpoint_check import CheckpointCheck
+        from sqlsink.core.checkpoint_check import CheckpointCheck, EntryPoint
         from sqlsink.core.committer import Committer
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
@@ -93,7 +98,8 @@ class CommitterSession:
         check = None
         if self.check_checkpoint:
             policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
-            check = CheckpointCheck(backend, policy)
+            entry = EntryPoint.FOREACH_BATCH if self.foreach_batch else EntryPoint.DATA_SOURCE
+            check = CheckpointCheck(backend, replace(policy, entry=entry))
         return Committer(
             backend,
             self.sink_id,

@@ -28,6 +28,7 @@ from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
     CheckpointMode,
     CheckpointPolicy,
+    EntryPoint,
     Unreadable,
 )
 from sqlsink.core.committer import Committer
@@ -125,7 +126,7 @@ def test_batches_spark_committed_that_the_log_lacks_stop_the_commit(
         first.batch(batch, range(batch * 10, batch * 10 + 3))
     lose_decisions(pg_url, sink, 3, 4)  # the database went back in time
     location = str(make_checkpoint(tmp_path / "chk", range(6), range(5)))
-    policy = checkpoint_policy(location, CheckpointMode.WARN)
+    policy = replace(checkpoint_policy(location, WARN), entry=EntryPoint.DATA_SOURCE)
 
     restarted = new_run(first)
     with pytest.raises(DataLossError) as lost:
@@ -325,3 +326,151 @@ def test_accepting_the_loss_with_forget_as_the_error_says(
     commit(new_run(writer), 3, policy)
     assert decided(pg_url, sink) == [3]
     assert checks(pg_url, sink)[0].verdict == "verified"
+
+
+# -- a missing batch without transactions: which entry point wrote the sink ---------------
+
+
+def skipped_batch_1(
+    pg_url: str, keyed: str, sink: str, chk: Path, entry: EntryPoint
+) -> tuple[Writer, CheckpointPolicy]:
+    """Batch 0 decided; batch 1 in commits/ without a decision, nothing of it prepared
+    (a foreachBatch function that returned without calling the writer, or a lost
+    decision of a batch whose partitions were all committed)."""
+    make_checkpoint(chk, range(3), range(2))
+    policy = replace(checkpoint_policy(str(chk), WARN), entry=entry)
+    writer = Writer(pg_url, keyed, sink, QUERY)
+    commit(writer, 0, policy)
+    return writer, policy
+
+
+def test_foreach_batch_a_batch_not_handed_to_the_writer_is_told_apart_and_can_be_accepted(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    chk = tmp_path / "chk"
+    writer, policy = skipped_batch_1(pg_url, keyed, sink, chk, EntryPoint.FOREACH_BATCH)
+    with pytest.raises(DataLossError) as lost:
+        commit(writer, 2, policy)
+    message = str(lost.value)
+    assert message.startswith(
+        f"data loss: sink {sink!r}: Spark's checkpoint records batch 1 as committed, but the "
+        "commit log has no decision for it, and nothing of it is prepared. Either the "
+        "foreachBatch function returned without handing batch 1 to the writer: then nothing "
+        "is lost."
+    ), message
+    assert "`with writer.batch(batch_id)` decides an empty batch" in message
+    assert "`writer.skip(batch_id)` marks a batch that has nothing for this sink" in message
+    assert f"sqlsink recover --sink-id {sink} --mark-skipped 1" in message
+    assert "Or the database went back in time" in message
+    assert "delete commits/1 onward and offsets/2 onward (with their .N.crc files)" in message
+    assert lost.value.context["lost"] == [1] and lost.value.context["prepared"] == {}
+    assert decided(pg_url, sink) == [0] and prepared_of(pg_url, sink) == []
+
+    # a checkpoint that does not record batch 1 is refused; a batch with transactions too
+    behind = tmp_path / "behind"
+    make_checkpoint(behind, range(2), range(1))
+    refused = sqlsink_recover(pg_url, sink, "--checkpoint", str(behind), "--mark-skipped", "1")
+    assert refused.code == 2 and "no commits/1" in refused.json["error"]["message"]
+    not_empty = sqlsink_recover(pg_url, sink, "--mark-skipped", "0")
+    assert (
+        not_empty.code == 2 and "batch 0 is decided already" in not_empty.json["error"]["message"]
+    )
+
+    # the command the error gives: batch 1 gets an empty decision, and the check passes
+    done = sqlsink_recover(pg_url, sink, "--mark-skipped", "1")
+    assert done.code == 0, done.out + done.err
+    assert done.json["mark_skipped"] == [1]
+    assert done.json["sinks"][0]["decided_batches"] == [1]
+    assert decided(pg_url, sink) == [0, 1]
+    restarted = new_run(writer)  # the query, restarted, re-runs batch 2: the check passes
+    commit(restarted, 2, policy)
+    commit(restarted, 3, policy)
+    assert decided(pg_url, sink) == [0, 1, 2, 3]
+    assert checks(pg_url, sink)[0].verdict == "verified"
+    assert ids_of(pg_url, keyed) == [0, 1, 2, 20, 21, 22, 30, 31, 32]
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_foreach_batch_mark_skipped_with_the_checkpoint(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    chk = tmp_path / "chk"
+    writer, policy = skipped_batch_1(pg_url, keyed, sink, chk, EntryPoint.FOREACH_BATCH)
+    with pytest.raises(DataLossError, match="--mark-skipped 1"):
+        commit(writer, 2, policy)
+    # a batch that still has prepared transactions is not skipped: commit-lost is for it
+    other = new_run(writer)
+    pending = other.write(1, range(100, 103))
+    with_gids = sqlsink_recover(pg_url, sink, "--checkpoint", str(chk), "--mark-skipped", "1")
+    assert with_gids.code == 2, with_gids.out + with_gids.err
+    assert "batch 1 has 1 prepared transaction(s)" in with_gids.json["error"]["message"]
+    assert "--commit-lost 1" in with_gids.json["error"]["message"]
+    other.abort(1, [pending])
+    done = sqlsink_recover(pg_url, sink, "--checkpoint", str(chk), "--mark-skipped", "1")
+    assert done.code == 0, done.out + done.err
+    restarted = new_run(writer)
+    commit(restarted, 2, policy)
+    assert decided(pg_url, sink) == [0, 1, 2]
+    assert ids_of(pg_url, keyed) == [0, 1, 2, 20, 21, 22]
+
+
+def test_format_sqlsink_a_missing_batch_without_transactions_is_loss_and_re_delivery_works(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    chk = tmp_path / "chk"
+    writer, policy = skipped_batch_1(pg_url, keyed, sink, chk, EntryPoint.DATA_SOURCE)
+    with pytest.raises(DataLossError) as lost:
+        commit(writer, 2, policy)
+    message = str(lost.value)
+    assert message.startswith(
+        f"data loss: sink {sink!r}: Spark's checkpoint records batch 1 as committed, but the "
+        "commit log has no decision for it: the database went back in time"
+    ), message
+    assert "format('sqlsink') has Spark call the sink's commit for every batch" in message
+    assert "foreachBatch" not in message and "--mark-skipped" not in message
+    # following the advice: delete commits/1 onward and offsets/2 onward, restart
+    for name in ("commits/1", "commits/.1.crc", "offsets/2", "offsets/.2.crc"):
+        (chk / name).unlink(missing_ok=True)
+    assert "delete commits/1 onward and offsets/2 onward" in message
+    rerun = new_run(writer)  # Spark re-runs batch 1 from its recorded offsets
+    commit(rerun, 1, policy)
+    (chk / "commits" / "1").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    commit(rerun, 2, policy)
+    assert decided(pg_url, sink) == [0, 1, 2]
+    assert ids_of(pg_url, keyed) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+    assert checks(pg_url, sink)[0].verdict == "verified"
+
+
+def test_an_unknown_entry_point_says_both(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    writer, policy = skipped_batch_1(pg_url, keyed, sink, tmp_path / "c", EntryPoint.UNKNOWN)
+    with pytest.raises(DataLossError) as lost:
+        commit(writer, 2, policy)
+    message = str(lost.value)
+    assert "Either a foreachBatch function that writes this sink returned without" in message
+    assert "format('sqlsink') hands every batch to the sink" in message
+    assert "Or the database went back in time" in message
+
+
+def test_the_committer_session_tells_the_check_which_entry_point_it_serves(
+    pg_url: str, sink: str
+) -> None:
+    from sqlsink.options import SinkOptions
+    from sqlsink.spark.plan import CommitterSession
+
+    options = SinkOptions.parse(
+        {"url": pg_url, "table": "t", "sinkId": sink, "checkpointLocation": "/nowhere"}
+    )
+    with CommitterSession(options, sink, check_checkpoint=True) as committer:  # datasource.py
+        assert committer.checkpoint_check.policy.entry is EntryPoint.DATA_SOURCE
+    with CommitterSession(  # the foreachBatch writer's commit (spark/batch.py)
+        options, sink, check_checkpoint=True, tables=["public.t"], views=[]
+    ) as committer:
+        assert committer.checkpoint_check.policy.entry is EntryPoint.FOREACH_BATCH
+
+
+def sqlsink_recover(pg_url: str, sink: str, *args: str) -> Any:
+    from tests.pg.test_cli import sqlsink
+
+    return sqlsink("recover", "--url", pg_url, "--sink-id", sink, *args, "--json")

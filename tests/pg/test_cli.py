@@ -425,6 +425,26 @@ def test_force_is_refused_without_the_runs_it_declares_dead(db: Db) -> None:
     cleanup(db.server, [gid])
 
 
+def test_commit_lost_and_mark_skipped_are_refused_without_one_sink_or_when_both_name_a_batch(
+    db: Db,
+) -> None:
+    gid = prepare(db, "a", 3, 0, range(3))
+    both = sqlsink(
+        "recover", "--url", db.url, "--sink-id", "a", "--commit-lost", "3", "--mark-skipped", "3"
+    )
+    assert both.code == 2 and "batch 3 is named by both --commit-lost and --mark-skipped" in (
+        both.err
+    )
+    negative = sqlsink("recover", "--url", db.url, "--sink-id", "a", "--commit-lost", "-1")
+    assert negative.code == 2 and "'-1' is not a batch id" in negative.err
+    no_sink = sqlsink("recover", "--url", db.url, "--commit-lost", "3", "--json")
+    assert no_sink.code == 2, no_sink.out + no_sink.err
+    assert "decide batches of one sink" in no_sink.json["error"]["message"]
+    assert "--sink-id" in no_sink.json["error"]["fix"]
+    assert db.gids() == {gid}  # nothing was done
+    cleanup(db.server, [gid])
+
+
 # -- status -------------------------------------------------------------------------------
 
 

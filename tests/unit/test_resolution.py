@@ -109,3 +109,30 @@ def test_decided_gids_that_are_gone_are_to_verify() -> None:
     )
     assert actions(plan) == {pending: Action.COMMIT}
     assert plan.to_verify == [(3, done), (3, gone)]
+
+
+def test_a_batch_between_the_highest_decided_and_the_running_one_is_left() -> None:
+    """Spark went past batch 6 (it runs 7) and the log's highest decision is 5: batch 6's
+    decision was lost, and its gids hold its rows, whichever run prepared them."""
+    lost, lost_dead, orphan, dead = g(6, 0), g(6, 1, run=DEAD), g(5, 0, attempt=9), g(7, 1, DEAD)
+    prepared = [txn(x) for x in (lost, lost_dead, orphan, dead)]
+    for scope in (Scope.live(RUN, 7).knowing(5), Scope.aborting(RUN, 7).knowing(5)):
+        plan = plan_resolution(prepared, {}, database="shop", sink_id="s1", scope=scope)
+        assert actions(plan)[lost] == actions(plan)[lost_dead] == Action.LEAVE
+        assert actions(plan)[orphan] == Action.ROLLBACK  # below the highest decided
+        assert plan.lost_decisions == {6: sorted([lost, lost_dead])}
+        reasons = {a.prepared.gid: a.reason for a in plan.actions}
+        assert reasons[lost].startswith("batch 6 has no decision, but Spark runs batch 7")
+        assert "sqlsink recover --sink-id s1 --commit-lost 6 commits them" in reasons[lost]
+    # not told the highest decided batch (the old rule), or nothing between: rolled back
+    for scope in (Scope.live(RUN, 7), Scope.live(RUN, 7).knowing(6)):
+        plan = plan_resolution(prepared[:1], {}, database="shop", sink_id="s1", scope=scope)
+        assert actions(plan)[lost] == Action.ROLLBACK and plan.lost_decisions == {}
+
+
+def test_recovery_leaves_the_batches_spark_committed() -> None:
+    lost, rerun = g(6, 0, run=DEAD), g(7, 0, run=DEAD)
+    scope = Scope.everything(lost=frozenset({6}))
+    plan = plan_resolution([txn(lost), txn(rerun)], {}, database="shop", sink_id="s1", scope=scope)
+    assert actions(plan) == {lost: Action.LEAVE, rerun: Action.ROLLBACK}
+    assert plan.lost_decisions == {6: [lost]}

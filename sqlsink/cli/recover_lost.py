@@ -1,0 +1,317 @@
+"""Batches whose decision was lost: what ``recover`` leaves, and what the operator decides.
+
+After an asynchronous failover or a point-in-time restore the commit log can lack the
+decision of a batch that Spark committed (docs/DESIGN.md invariant 9). Spark never runs
+it again. If its partitions' transactions are still prepared they hold its rows, the
+only copy left: ``recover`` never rolls them back when something shows that Spark went
+past the batch, and names them. The evidence, for a batch above the highest decided one:
+
+- with ``--checkpoint``: the checkpoint's ``commits/K`` (and only that);
+- without: the commit log's own record, a commit of a later batch that found K's
+  decision missing (its checkpoint check, or undecided leftovers below it), or a later
+  batch that Spark aborted (Spark runs K+1 only after committing K).
+
+``--commit-lost K`` writes K's decision naming exactly those transactions (one attempt
+per partition, of one run), so that the recovery commits them; ``--mark-skipped N``
+writes an empty decision for a batch that had nothing for the sink (a foreachBatch
+function that did not hand it to the writer). Both under the sink's lock, both refused
+unless the evidence holds; each refusal says why and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlsink.checkpoint.parse import Checkpoint
+from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import PreparedTransaction
+from sqlsink.postgres import checkpoint_records, locks, run_registry
+from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.survey import roles as pg_roles
+
+RUNBOOK = "see the README's 'data loss' runbook"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What shows that Spark committed a batch (went past it) although it has no decision."""
+
+    checkpoint: Checkpoint | None
+    recorded: frozenset[int]  # batches a commit of a later batch reported lost
+    aborted_up_to: int | None  # the highest batch Spark aborted (it ran that far)
+
+    def why(self, batch: int) -> str | None:
+        """Why batch ``batch`` was committed by Spark; None when nothing shows it."""
+        if self.checkpoint is not None:  # the checkpoint, when given, is the authority
+            if batch in self.checkpoint.commits:
+                return f"Spark's checkpoint records it as committed (commits/{batch})"
+            return None
+        if batch in self.recorded:
+            return "a commit of a later batch found its decision missing"
+        if self.aborted_up_to is not None and batch < self.aborted_up_to:
+            return (
+                f"Spark ran batch {self.aborted_up_to} (and aborted it), which it does only "
+                f"after committing batch {batch}"
+            )
+        return None
+
+
+def evidence(conn: Connection, sink_id: str, checkpoint: Checkpoint | None) -> Evidence:
+    recorded = {
+        b
+        for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
+        if row.verdict == "loss"
+        for b in row.lost
+    }
+    aborted = [
+        r.aborted_batch for r in run_registry.runs(conn, sink_id) if r.aborted_batch is not None
+    ]
+    return Evidence(checkpoint, frozenset(recorded), max(aborted, default=None))
+
+
+@dataclass(frozen=True)
+class LostBatch:
+    """An undecided batch above the highest decided one that Spark went past."""
+
+    batch_id: int
+    gids: tuple[str, ...]  # its prepared transactions in this database
+    why: str
+
+
+def undecided_prepared(
+    backend: PostgresBackend, sink_id: str, highest: int | None
+) -> dict[int, list[PreparedTransaction]]:
+    """The sink's prepared transactions in this database of batches above ``highest``."""
+    found: dict[int, list[PreparedTransaction]] = defaultdict(list)
+    for txn in backend.prepared(sink_id):
+        gid = Gid.parse(txn.gid)
+        if gid is None or gid.sink_id != sink_id or txn.database != backend.database:
+            continue
+        if highest is None or gid.batch_id > highest:
+            found[gid.batch_id].append(txn)
+    return dict(sorted(found.items()))
+
+
+def lost_batches(backend: PostgresBackend, sink_id: str, proof: Evidence) -> list[LostBatch]:
+    """The batches whose prepared transactions ``recover`` must leave (read under the lock)."""
+    highest = backend.highest_decided(sink_id)
+    lost = []
+    for batch, txns in undecided_prepared(backend, sink_id, highest).items():
+        why = proof.why(batch)
+        if why is not None:
+            lost.append(LostBatch(batch, tuple(sorted(t.gid for t in txns)), why))
+    return lost
+
+
+def lost_notice(sink_id: str, lost: LostBatch, out: Output, dry_run: bool) -> Notice:
+    verb = "would be" if dry_run else "were"
+    return Notice(
+        "warning",
+        f"batch {lost.batch_id} has no decision, but its {len(lost.gids)} transaction(s) are "
+        f"still prepared ({', '.join(lost.gids)}): {lost.why}, so its decision was lost (an "
+        f"asynchronous failover or a restore). They hold its rows, the only copy left, and "
+        f"{verb} left prepared",
+        f"commit them: sqlsink recover --sink-id {sink_id} --commit-lost {lost.batch_id} "
+        f"--url {out.paste_url}{out.paste_note} (stop the query first; {RUNBOOK})",
+        sink_id,
+    )
+
+
+# -- --commit-lost and --mark-skipped -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One batch the operator asks to decide."""
+
+    batch_id: int
+    commit: bool  # --commit-lost (its prepared transactions), else --mark-skipped (empty)
+
+
+def requests(commit_lost: Iterable[int], mark_skipped: Iterable[int]) -> list[Request]:
+    wanted = [Request(b, True) for b in set(commit_lost)]
+    wanted += [Request(b, False) for b in set(mark_skipped)]
+    return sorted(wanted, key=lambda r: r.batch_id)
+
+
+@dataclass
+class Decider:
+    """Checks and writes the requested decisions, in batch order, under the sink's lock."""
+
+    backend: PostgresBackend
+    sink_id: str
+    query_id: str | None  # the streaming query the sink is bound to
+    me: pg_roles.RoleInfo
+    proof: Evidence
+
+    def run(self, wanted: list[Request], lock_timeout: float, *, dry_run: bool) -> list[str]:
+        """What was (or, in a dry run, would be) decided, one sentence per batch; a
+        CliError (nothing written) for the first request that cannot be proven."""
+        conn = self.backend.conn
+        if not locks.wait_sink_lock(conn, self.sink_id, lock_timeout):
+            raise CliError(
+                f"sink {self.sink_id}: its lock is still held after {lock_timeout:g}s (a "
+                "committer or another recover holds it); nothing was decided",
+                "stop the query first, then run the command again",
+            )
+        try:
+            plans = self._check(wanted)
+            if not dry_run:
+                for request, gids in plans:
+                    self._write(request, gids)
+        finally:
+            locks.unlock_sink(conn, self.sink_id)
+        verb = "would decide" if dry_run else "decided"
+        return [
+            f"{verb} batch {r.batch_id} with its {len(g)} prepared transaction(s) "
+            f"({', '.join(g)}): the recovery commits them"
+            if r.commit
+            else f"{verb} batch {r.batch_id} as a batch without rows (an empty decision)"
+            for r, g in plans
+        ]
+
+    def _check(self, wanted: list[Request]) -> list[tuple[Request, list[str]]]:
+        sink, backend = self.sink_id, self.backend
+        highest = backend.highest_decided(sink)
+        asked = {r.batch_id for r in wanted}
+        decided = backend.decisions(sink, [(sink, b) for b in asked])
+        pending = undecided_prepared(backend, sink, None)
+        plans: list[tuple[Request, list[str]]] = []
+        for request in wanted:
+            batch = request.batch_id
+            if (sink, batch) in decided:
+                state = "complete" if decided[(sink, batch)].complete else "not yet complete"
+                self._refuse(
+                    f"batch {batch} is decided already ({state}): it has no lost decision",
+                    f"sqlsink recover --sink-id {sink} finishes a decided batch",
+                )
+            if highest is not None and batch <= highest:
+                self._refuse(
+                    f"batch {batch} is below the highest decided batch {highest}: a failover "
+                    "or a restore loses the newest decisions, not one below a decided batch",
+                    RUNBOOK,
+                )
+            txns = pending.get(batch, [])
+            gids = sorted(t.gid for t in txns)
+            if request.commit:
+                self._check_attempts(batch, txns)
+            elif gids:
+                self._refuse(
+                    f"batch {batch} has {len(gids)} prepared transaction(s) ({', '.join(gids)}): "
+                    f"it is not a batch without rows (--commit-lost {batch} commits them)",
+                    f"sqlsink recover --sink-id {sink} --commit-lost {batch}",
+                )
+            self._check_below(batch, highest, asked, pending)
+            self._check_proof(batch)
+            plans.append((request, gids))
+            highest = batch
+        return plans
+
+    def _check_attempts(self, batch: int, txns: list[PreparedTransaction]) -> None:
+        sink = self.sink_id
+        if not txns:
+            self._refuse(
+                f"batch {batch} has no prepared transaction in database "
+                f"{self.backend.database}: --commit-lost has nothing to commit",
+                f"if batch {batch} had nothing for this sink (a foreachBatch function that did "
+                f"not hand it to the writer), record that: sqlsink recover --sink-id {sink} "
+                f"--mark-skipped {batch}; else its rows are lost: {RUNBOOK}",
+            )
+        by_partition: dict[tuple[int, int], list[str]] = defaultdict(list)
+        runs = set()
+        for txn in txns:
+            gid = Gid.parse(txn.gid)
+            assert gid is not None
+            by_partition[(gid.part, gid.partition_id)].append(txn.gid)
+            runs.add(gid.run_id)
+        doubled = {k: sorted(v) for k, v in sorted(by_partition.items()) if len(v) > 1}
+        if doubled or len(runs) > 1:
+            shown = "; ".join(
+                f"part {part} partition {p}: {', '.join(g)}" for (part, p), g in doubled.items()
+            )
+            self._refuse(
+                f"batch {batch}'s prepared transactions are not one attempt per partition of "
+                f"one run ({shown or 'runs ' + ', '.join(sorted(runs))}): which attempts "
+                "Spark committed is not known here",
+                "keep one transaction per partition, of the run that Spark committed the batch "
+                "in, and roll back the others by hand (ROLLBACK PREPARED 'gid'), then run this "
+                "command again",
+            )
+        if not self.me.superuser and (others := {t.owner for t in txns} - {self.me.role}):
+            self._refuse(
+                f"batch {batch}'s transactions were prepared by role(s) "
+                f"{', '.join(sorted(others))}, and only that role or a superuser can commit them",
+                "run the command connected as that role or as a superuser",
+            )
+
+    def _check_below(
+        self,
+        batch: int,
+        highest: int | None,
+        asked: set[int],
+        pending: dict[int, list[PreparedTransaction]],
+    ) -> None:
+        """No undecided batch that Spark went past may stay between the log and this one:
+        below a decided batch, nothing could settle it any more."""
+        known = set(pending) | set(self.proof.recorded)
+        if self.proof.checkpoint is not None:
+            known |= set(self.proof.checkpoint.commits)
+        below = sorted(
+            b
+            for b in known
+            if b < batch and (highest is None or b > highest) and b not in asked
+            and (b in pending or self.proof.why(b) is not None)
+        )  # fmt: skip
+        if below:
+            self._refuse(
+                f"{_batches(below)} below batch {batch} (and above the highest decided one) "
+                f"{'has' if len(below) == 1 else 'have'} no decision either: deciding batch "
+                f"{batch} first would leave {'it' if len(below) == 1 else 'them'} below a "
+                "decided batch, where nothing can settle it any more",
+                "name them in the same command: --commit-lost B for a batch with prepared "
+                "transactions, --mark-skipped B for one without",
+            )
+
+    def _check_proof(self, batch: int) -> None:
+        if self.proof.why(batch) is not None:
+            return
+        checkpoint = self.proof.checkpoint
+        if checkpoint is not None:
+            self._refuse(
+                f"Spark's checkpoint {checkpoint.path} does not record batch {batch} as "
+                f"committed (no commits/{batch}): Spark runs it (again), so its decision is "
+                "not lost and must not be written here",
+                "pass the checkpoint of the query that writes this sink; a batch that Spark "
+                "re-runs needs nothing (its tasks roll the old transactions back)",
+            )
+        self._refuse(
+            f"nothing shows that Spark committed batch {batch} (no checkpoint given, no commit "
+            "of a later batch found its decision missing, no later batch aborted): it may be "
+            "the batch Spark runs next, which must not be decided here",
+            "pass --checkpoint DIR (the query's checkpointLocation) to check it against "
+            "Spark's commit log, or restart the query: its next commit reports the batches "
+            "whose decision was lost",
+        )
+
+    def _refuse(self, why: str, fix: str) -> None:
+        raise CliError(f"sink {self.sink_id}: {why}; nothing was decided", fix)
+
+    def _write(self, request: Request, gids: list[str]) -> None:
+        runs = {g.run_id for x in gids if (g := Gid.parse(x)) is not None}
+        self.backend.insert_decision(
+            self.sink_id,
+            request.batch_id,
+            gids,
+            0,  # the rows are in the prepared transactions, unreadable until committed
+            self.query_id,
+            runs.pop() if len(runs) == 1 else None,
+            partitions=len(gids),
+        )
+
+
+def _batches(batches: list[int]) -> str:
+    return f"batch{'es' if len(batches) > 1 else ''} {', '.join(map(str, batches))}"
