@@ -1,10 +1,14 @@
 """Abort: what ``Committer.abort_batch`` does when Spark gives up on a batch.
 
 An undecided batch of this run is rolled back (its late tasks are told so, and roll
-themselves back after PREPARE); a decided one is rolled forward. An abort never acts
-beyond its own run, nor for a writer the sink refuses, and when no task reported it
-finds the run by the driver's token. Once the batch's task sessions still connected
-have ended (Spark kills them), it sweeps the batch again.
+themselves back after PREPARE); a decided one is rolled forward. An abort acts only
+for a run it can prove is its own: one a task of the batch reported, or the caller's
+(a load's, the foreachBatch writer's); when no task reported, the run its tasks
+registered with the writer's token, which names the driver and the query
+(spark/driver_token.py), and only with the query known and the sink bound to it (or
+to nobody yet). Otherwise, and for a writer the sink refuses, it touches nothing and
+says what stays prepared and who resolves it. Once the batch's task sessions still
+connected have ended (Spark kills them), it sweeps the batch again.
 """
 
 from __future__ import annotations
@@ -36,28 +40,44 @@ def abort_batch(
     load: bool,
     writer_token: str | None,
 ) -> ResolutionReport:
-    """``Committer.abort_batch``: roll back this run's batch N unless it is decided."""
+    """``Committer.abort_batch``: roll back this run's batch N unless it is decided.
+
+    ``writer_token``: the token the batch's tasks registered their run with; it must
+    name the writer's driver and query together (spark/driver_token.run_token), and
+    is used only when no run id is known and the query id is."""
     sink_id = committer.required_sink()
     backend = committer.backend
     run_id = run_id or next((o.run_id for o in outcomes if o and o.run_id), None)
-    if run_id is None and writer_token is not None:
-        run_id = backend.run_of_token(sink_id, writer_token)
     query_id = query_id or next((o.query_id for o in outcomes if o and o.query_id), None)
     writer = Binding("load") if load else Binding.of(query_id) if query_id else None
     if run_id is None:
-        _warn_run_unknown(sink_id, batch_id)
-        return ResolutionReport()
+        if writer is None:
+            why = "its streaming query is unknown, so no run can be proved its own"
+        elif writer_token is None:
+            why = "its run is unknown (no task reported it, and this driver has no token)"
+        else:  # the token names the driver and the query: a run found is this query's
+            run_id = backend.run_of_token(sink_id, writer_token)
+            why = (
+                f"no run of {writer.describe()} registered from this driver (its tasks were "
+                "refused before writing, or none had started)"
+            )
+        if run_id is None:
+            _warn_run_unknown(sink_id, batch_id, why)
+            return ResolutionReport()
     with backend.sink_lock(sink_id):
         bound = backend.binding(sink_id)
         highest = backend.highest_decided(sink_id)
         if writer is not None and refuses(bound, highest, writer):
             log.warning(
                 "sqlsink %s: batch %d of %s aborted; the sink belongs to %s, so this "
-                "abort touches nothing",
+                "abort touches nothing: this writer's tasks are refused before they "
+                "write, and what other runs left prepared is resolved by the owner's "
+                "next batch, or by sqlsink recover --sink-id %s",
                 sink_id,
                 batch_id,
                 writer.describe(),
                 bound.describe() if bound else "nobody",
+                sink_id,
             )
             return ResolutionReport()
         committer.register(run_id, holds_lock=True)
@@ -77,16 +97,16 @@ def abort_batch(
     return report
 
 
-def _warn_run_unknown(sink_id: str, batch_id: int) -> None:
+def _warn_run_unknown(sink_id: str, batch_id: int, why: str) -> None:
     log.warning(
-        "sqlsink %s: batch %d aborted before any task reported; its run is unknown, "
-        "so nothing is rolled back now: a transaction a task of it prepared stays "
-        "prepared until the query starts again (its first task resolves it), or "
-        "until sqlsink recover --sink-id %s once the run's heartbeat is older than "
-        "runTimeout (sqlsink status names the run; recover --force --run-id RUN "
-        "at once)",
+        "sqlsink %s: batch %d aborted before any task reported; %s, so this abort "
+        "touches nothing: a transaction a task of it prepared stays prepared until the "
+        "query starts again (its first task resolves it), or until sqlsink recover "
+        "--sink-id %s once the run's heartbeat is older than runTimeout (sqlsink status "
+        "names the run; recover --force --run-id RUN at once)",
         sink_id,
         batch_id,
+        why,
         sink_id,
     )
 

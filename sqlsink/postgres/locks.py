@@ -93,11 +93,18 @@ _HOLDERS = (
 
 
 def end_fenced_holders(conn: Connection, sink_id: str | None) -> list[int]:
-    """End the sessions holding the sink lock that provably belong to fenced runs."""
+    """End the sessions holding the sink lock that provably belong to fenced runs now.
+
+    A run records the session that holds the sink lock for it (pid and start time,
+    ``register_run`` under the lock), and the record is cleared when that session lets
+    the lock go (``unlock_sink``): so a session a superseded run still records has held
+    the lock since it took it for that run. Sessions are kept between uses
+    (postgres/sessions.py), and the new run's commit may hold the lock on the very
+    session the fenced run used; a session that a run not superseded records is that
+    run's, whatever a superseded one recorded (a record the unlock could not clear)."""
     if sink_id is None:
         return []
     classid, objid = lock_ids(conn, sink_id)
-    # the holder recorded its pid and start time when it took the lock: no other session
     rows = conn.execute(
         "SELECT a.pid, r.run_id, pg_terminate_backend(a.pid, 5000) "
         "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
@@ -105,7 +112,10 @@ def end_fenced_holders(conn: Connection, sink_id: str | None) -> list[int]:
         "     AND r.lock_pid = a.pid AND r.lock_backend_start = a.backend_start "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
         "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-        "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid()",
+        "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid() "
+        "AND NOT EXISTS (SELECT FROM sqlsink.runs o WHERE o.sink_id = r.sink_id "
+        "                AND o.superseded_at IS NULL AND o.lock_pid = a.pid "
+        "                AND o.lock_backend_start = a.backend_start)",
         (sink_id, classid, objid),
     ).fetchall()
     for pid, run_id, _ in rows:
@@ -144,9 +154,45 @@ def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> 
     )
 
 
+# After the unlock: the runs' records of this session as the sink lock's holder, unless it
+# still holds the lock (taken twice: ``try_sink_lock`` stacks). Rows another transaction
+# has locked (a registration, at that very moment) are skipped, never waited for; the
+# record is a hint for ``end_fenced_holders``, which does not rely on it alone.
+_CLEAR_HOLDER = """
+UPDATE sqlsink.runs r SET lock_pid = NULL, lock_backend_start = NULL
+FROM (SELECT sink_id, run_id FROM sqlsink.runs
+      WHERE sink_id = %(sink)s AND lock_pid = pg_backend_pid()
+      FOR NO KEY UPDATE SKIP LOCKED) AS mine
+WHERE r.sink_id = mine.sink_id AND r.run_id = mine.run_id
+  AND NOT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.granted
+                  AND l.locktype = 'advisory' AND l.objsubid = 1
+                  AND l.database = (SELECT oid FROM pg_database
+                                    WHERE datname = current_database())
+                  AND (l.classid::bigint << 32) | l.objid::bigint
+                      = hashtextextended(%(key)s, 0))
+"""
+
+
 def unlock_sink(conn: Connection, sink_id: str | None) -> None:
-    if not conn.closed:
-        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(sink_id),))
+    """Let the sink lock go (once), and clear the records that name this session as its
+    holder: a kept session (postgres/sessions.py) is used by another run next, and only a
+    session that holds the lock for a fenced run may be ended as that run's
+    (``end_fenced_holders``). One round trip; the clearing does not wait for its WAL
+    flush (a crash ends every session, and a record of a gone session matches none)."""
+    if conn.closed:
+        return
+    key = lock_key(sink_id)
+    if sink_id is None:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+        return
+    try:
+        with conn.pipeline():
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = off")
+                conn.execute(_CLEAR_HOLDER, {"sink": sink_id, "key": key})
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        pass  # a commit log older than version 3 records no holder
 
 
 def take_schema_lock(conn: Connection) -> None:

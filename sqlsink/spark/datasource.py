@@ -20,9 +20,11 @@ a fresh worker each time: nothing is kept in the writer between calls.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError, SqlsinkError
 from sqlsink.options import Mode, Semantic, SinkOptions, checkpoint_query_id
 from sqlsink.postgres.target import TargetPlan
-from sqlsink.spark.driver_token import driver_token
+from sqlsink.spark.driver_token import driver_token, run_token
 from sqlsink.spark.notices import check_key_ranges
 from sqlsink.spark.plan import CommitterSession, plan_write
 from sqlsink.spark.support import is_connect
@@ -205,7 +207,10 @@ class _SinkWriter:
         sink_id = self.sink_id or query_id
         if sink_id is None:
             raise ConfigError("sqlsink: no sinkId option and no streaming query id to use instead")
-        task = current_task(sink_id, batch_id, run_id, query_id, writer_token=self.writer_token)
+        # the token of the driver and the query: an abort without messages finds this run
+        # by it, and no other query's of the same driver (spark/driver_token.py)
+        token = run_token(self.writer_token, query_id)
+        task = current_task(sink_id, batch_id, run_id, query_id, writer_token=token)
         check_partition_cap(self.options, task.partition_id, batch_id)
         return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
 
@@ -252,10 +257,12 @@ class _SinkWriter:
         batch_id: int,
         run_id: str | None = None,
     ) -> None:
-        """``run_id``: when the writer knows it (a batch load); a stream's comes from the
-        tasks' messages, or with none of them from the driver token its tasks registered
-        with (spark/driver_token.py); without either the abort does nothing (it never
-        guesses)."""
+        """``run_id``: when the writer knows it (a batch load). A stream's comes from the
+        tasks' messages; with none of them (Spark passes only ``None`` when every task
+        failed or still ran) the abort reads its query id from the checkpoint and finds
+        its run by the token of the driver and the query its tasks registered with
+        (spark/driver_token.py). Without its query id it cannot prove which run of this
+        driver is its own, and does nothing (it never guesses)."""
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:
@@ -265,17 +272,82 @@ class _SinkWriter:
                 batch_id,
             )
             return
+        query_id = next((o.query_id for o in outcomes if o and o.query_id), None)
+        reported = run_id is not None or any(o is not None and o.run_id for o in outcomes)
+        if not self.is_load and not reported:
+            query_id, why = checkpoint_query(self.options.checkpoint)
+            if query_id is None:
+                _warn_query_unknown(sink_id, batch_id, why)
+                return
         with CommitterSession(self.options, sink_id) as committer:
             committer.abort_batch(
                 batch_id,
                 outcomes,
                 run_id=run_id,
+                query_id=query_id,
                 load=self.is_load,
-                writer_token=self.writer_token,
+                writer_token=run_token(self.writer_token, query_id),
             )
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
+
+
+# reading a remote checkpoint's metadata in an abort: at most this long
+QUERY_READ_TIMEOUT_S = 10.0
+
+
+def checkpoint_query(location: str | None) -> tuple[str | None, str]:
+    """The streaming query id in the checkpoint's ``metadata``, as the abort's worker
+    reads it: a local or ``file:`` checkpoint directly, any other through ``pyarrow.fs``
+    (as the checkpoint check reads it), for at most ``QUERY_READ_TIMEOUT_S``. (None,
+    why) when it cannot be read here."""
+    from sqlsink.checkpoint.files import display_location, first_line, is_local, join, open_files
+
+    if not location:
+        return None, "the query has no checkpointLocation option"
+    shown = display_location(location)
+    if is_local(location):
+        found = checkpoint_query_id(location)
+        if found is None:
+            return None, f"{shown}/metadata is not readable from the driver"
+        return found, ""
+    result: list[str | None] = []
+    failure: list[str] = []
+
+    def read() -> None:
+        try:
+            files, root = open_files(location)
+            line = files.read_text(join(root, "metadata")).splitlines()[0]
+            result.append(str(json.loads(line)["id"]))
+        except Exception as exc:  # any failure: unknown, and said why
+            failure.append(f"{type(exc).__name__}: {first_line(exc, location)}")
+
+    reader = threading.Thread(target=read, name="sqlsink-abort-query-id", daemon=True)
+    reader.start()
+    reader.join(QUERY_READ_TIMEOUT_S)
+    if result and result[0]:
+        return result[0], ""
+    if failure:
+        return None, f"{shown}/metadata is not readable from the driver ({failure[0]})"
+    return None, f"reading {shown}/metadata took longer than {QUERY_READ_TIMEOUT_S:.0f} s"
+
+
+def _warn_query_unknown(sink_id: str, batch_id: int, why: str) -> None:
+    log.warning(
+        "sqlsink %s: batch %d aborted before any task reported, and this abort cannot "
+        "tell its streaming query (%s): another query of this driver may write the same "
+        "sink, so it cannot prove which run is its own and touches nothing. A "
+        "transaction a task of this batch prepared stays prepared until the query "
+        "starts again (its first task resolves it), or until sqlsink recover --sink-id "
+        "%s once the run's heartbeat is older than runTimeout (sqlsink status names the "
+        "run; recover --force --run-id RUN at once). Fix: give the query its "
+        "checkpointLocation as an option, on a file system the driver can read",
+        sink_id,
+        batch_id,
+        why,
+        sink_id,
+    )
 
 
 def check_partition_cap(options: SinkOptions, partition: int, batch_id: int) -> None:

@@ -5,6 +5,7 @@ interleaving run for real against PostgreSQL with the sink's own code."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import FencedError, SinkBindingError, TransientError
 from sqlsink.postgres.partition import write_partition
+from sqlsink.spark.driver_token import run_token
 from tests.fix_pg import forget_sink
 from tests.pg.protocol import Writer, ids_of, new_sink, prepared_of, rows
 from tests.programs import REPO
@@ -59,19 +61,109 @@ def test_a_superseded_run_never_becomes_the_newest_again(
     assert ids_of(pg_url, keyed) == list(range(10))
 
 
+DRIVER = "0123456789abcdef0123456789abcdef"  # driver_token(sink): one JVM, one sink id
+
+
+def checkpoint_of(path: Path, query_id: str | None) -> Path:
+    """A checkpoint directory whose metadata names ``query_id`` (None: no metadata)."""
+    path.mkdir(parents=True)
+    if query_id is not None:
+        (path / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return path
+
+
+def spark_abort(writer: Writer, checkpoint: Path, batch: int, messages: int = 1) -> None:
+    """What Spark's commit/abort worker (pyspark's python_streaming_sink_runner) does
+    when every task of a stream's batch failed or still ran: ``streamWriter()`` of the
+    query's data source, then ``abort([None, ...], batch)``. The driver token is the
+    one thing set by hand: this process has no JVM ancestor."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sqlsink.spark.datasource import SqlsinkDataSource
+
+    options = {
+        "url": writer.url,
+        "table": writer.table,
+        "sinkId": writer.sink,
+        "checkpointLocation": str(checkpoint),
+        **writer.extra,
+    }
+    source = SqlsinkDataSource(options)
+    stream = source.streamWriter(StructType([StructField("id", LongType())]), False)
+    stream.writer_token = DRIVER
+    stream.abort([None] * messages, batch)
+
+
+def task_token(query_id: str) -> str | None:
+    """The token a stream's task of this driver records (SqlsinkStreamWriter._write)."""
+    return run_token(DRIVER, query_id)
+
+
+def runs_aborted(url: str, sink: str) -> list[tuple[str, int | None]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT run_id, aborted_batch FROM sqlsink.runs WHERE sink_id = %s ORDER BY first_seen",
+            (sink,),
+        ).fetchall()
+    return [(str(r), None if b is None else int(b)) for r, b in rows]
+
+
 def test_a_refused_queries_abort_leaves_the_first_querys_batch_alone(
-    pg_url: str, keyed: str, sink: str
+    pg_url: str, keyed: str, sink: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Item 8: the second query's abort() rolled back the first query's in-flight batch."""
-    first = Writer(pg_url, keyed, sink, query_id="q1")
+    """Item 8; review 2026-11-26 R1. A second query (another checkpoint, the same
+    sinkId) in the same driver is refused; Spark aborts its batch with no message, and
+    the abort found "its" run by the driver's token, shared by every query of that
+    driver: the first query's. It marked that run aborted and rolled back its in-flight
+    batch. The abort here is Spark's own call (no run id, no message), and the token
+    the first query's tasks recorded is what the data source's tasks record."""
+    first = Writer(pg_url, keyed, sink, query_id="query-A", token=task_token("query-A"))
     first.batch(0, range(5))
-    in_flight = [first.write(1, range(5, 10))]
-    second = Writer(pg_url, keyed, sink, query_id="q2")
+    in_flight = [first.write(1, range(5, 10), 0), first.write(1, range(10, 15), 1)]
+    second = Writer(pg_url, keyed, sink, query_id="query-B", token=task_token("query-B"))
     with pytest.raises(SinkBindingError):
-        second.write(1, range(100, 105))
-    report = second.abort(1, [None])  # Spark aborts the refused query's batch
-    assert report.rolled_back == []
+        second.write(7, range(100, 105))  # its checkpoint is at batch 7
+    caplog.set_level(logging.WARNING, logger="sqlsink")
+    spark_abort(second, checkpoint_of(tmp_path / "chk-b", "query-B"), 7, messages=2)
+    assert prepared_of(pg_url, sink) == sorted(o.gid for o in in_flight if o.gid)
+    assert runs_aborted(pg_url, sink) == [(first.run, None)]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "batch 7 aborted before any task reported; no run of streaming query " in warned
+    assert "query-B registered from this driver" in warned and "touches nothing" in warned
+    assert f"sqlsink recover --sink-id {sink}" in warned
     first.commit(1, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(15))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_an_abort_that_cannot_name_its_query_touches_nothing(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 2026-11-26 R1 (its r11): the arguments the data source's abort passed,
+    run_id None, no query id, all-None messages and the driver's token, found the
+    owner's run and rolled back its batch. An abort that cannot name its query cannot
+    prove which run of the driver is its own: it touches nothing, and says what stays
+    prepared and who resolves it. Both at the core (those very arguments) and through
+    the data source with a checkpoint whose metadata it cannot read."""
+    owner = Writer(pg_url, keyed, sink, query_id="query-A", token=task_token("query-A"))
+    owner.batch(0, range(5))
+    in_flight = [owner.write(1, range(5, 10))]
+    caplog.set_level(logging.WARNING, logger="sqlsink")
+    with owner.committer() as committer:
+        report = committer.abort_batch(
+            7, [None], run_id=None, query_id=None, load=False, writer_token=task_token("query-A")
+        )
+    assert report.rolled_back == []
+    spark_abort(owner, checkpoint_of(tmp_path / "chk-unreadable", None), 7)
+    assert prepared_of(pg_url, sink) == [in_flight[0].gid]
+    assert runs_aborted(pg_url, sink) == [(owner.run, None)]
+    warned = [r.getMessage() for r in caplog.records]
+    assert "its streaming query is unknown, so no run can be proved its own" in warned[0]
+    assert "stays prepared until the query starts again" in warned[0]
+    assert "cannot tell its streaming query" in warned[1]
+    assert f"{tmp_path / 'chk-unreadable'}/metadata is not readable from the driver" in warned[1]
+    assert f"sqlsink recover --sink-id {sink}" in warned[1]
+    owner.commit(1, in_flight)
     assert ids_of(pg_url, keyed) == list(range(10))
     assert prepared_of(pg_url, sink) == []
 
@@ -219,20 +311,22 @@ def test_a_task_killed_between_its_prepare_and_its_own_check_is_rolled_back_by_t
 
 
 def test_an_abort_no_task_reported_to_finds_its_run_by_the_drivers_token(
-    pg_url: str, keyed: str, sink: str
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
     """Spark aborts a failed job's batch with the messages of the tasks that finished:
     none, when the others failed and one still ran. A stream's run id is only in its
     tasks' local properties, so the abort did nothing ("its run is unknown"): the task
     that prepared stayed prepared, its run live, for runTimeout (and item 16's late
     task, which needs the batch marked aborted, with it). The tasks record their
-    driver's token with their run; the abort finds the run by it."""
-    writer = Writer(pg_url, keyed, sink, query_id="q", token="driver-a")
+    driver's token with their run (with their query id); the abort reads its query id
+    from its checkpoint and finds the run by it."""
+    writer = Writer(pg_url, keyed, sink, query_id="q", token=task_token("q"))
     writer.batch(0, range(5))
     in_flight = writer.write(1, range(5, 10))  # prepared; its message never reached Spark
-    report = writer.abort(1, [None], run=None)  # Spark's abort: no message, no run id
-    assert report.rolled_back == [in_flight.gid]
+    assert prepared_of(pg_url, sink) == [in_flight.gid]
+    spark_abort(writer, checkpoint_of(tmp_path / "chk", "q"), 1)  # no message, no run id
     assert prepared_of(pg_url, sink) == []
+    assert runs_aborted(pg_url, sink) == [(writer.run, 1)]
     with pytest.raises(TransientError, match="batch 1 was aborted"):
         writer.write(1, range(10, 15), partition=1)  # a late task of it rolls itself back
     assert prepared_of(pg_url, sink) == []
