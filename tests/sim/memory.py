@@ -505,6 +505,9 @@ class MemoryBackend:
         return True
 
     def unlock_sink(self, sink_id: str | None) -> None:
+        """locks.unlock_sink: the lock goes once (it stacks); when this session no longer
+        holds it, the runs' records of this session (its pid) as the sink lock's holder are
+        cleared, in the same round trip (a kept session serves another run next)."""
         if self.session.noticed:
             return  # locks.unlock_sink: a closed connection holds nothing
         self._call(f"unlock {sink_id}")
@@ -515,6 +518,10 @@ class MemoryBackend:
             self.session.locked_at.pop(key, None)
             if self.server.advisory.get((self.database, key)) is self.session:
                 del self.server.advisory[(self.database, key)]
+            if sink_id is not None:
+                for (sink, _), run in self._log.runs.items():
+                    if sink == sink_id and run.lock_pid == self.session.pid:
+                        run.lock_pid = run.lock_backend_start = None
         else:
             self.session.advisory[key] = count - 1
 
@@ -525,20 +532,24 @@ class MemoryBackend:
     def _end_fenced_holders(self, sink_id: str | None) -> list[int]:
         """locks.end_fenced_holders: end the holder of the sink lock (there is at most
         one) when a superseded run of the sink recorded it, by pid and backend start,
-        as the session that held the lock for it."""
+        as the session that holds the lock for it, and no run not superseded does."""
         if sink_id is None:
             return []
         self._call(f"end fenced holders {sink_id}")
         holder = self.server.advisory.get((self.database, lock_key(sink_id)))
         if holder is None or holder is self.session:
             return []
-        for (sink, _), run in self._log.runs.items():
-            if (
-                sink == sink_id
-                and run.superseded_at is not None
-                and run.lock_pid == holder.pid
-                and run.lock_backend_start == holder.backend_start
-            ):
+        recorded = [
+            run
+            for (sink, _), run in self._log.runs.items()
+            if sink == sink_id
+            and run.lock_pid == holder.pid
+            and run.lock_backend_start == holder.backend_start
+        ]
+        if any(run.superseded_at is None for run in recorded):
+            return []  # a live run's: whatever a superseded one recorded
+        for run in recorded:
+            if run.superseded_at is not None:
                 self.server.hooks.on_terminate(self.session, holder, sink_id)
                 self.server.end_session(holder, terminated=True)
                 return [holder.pid]
@@ -973,6 +984,22 @@ class MemoryBackend:
         except ConnectionLost:
             return False
         return True
+
+    def loss_evidence(self, sink_id: str) -> tuple[frozenset[int], int | None]:
+        """``recover_lost.evidence`` without a checkpoint: the batches the sink's 50 most
+        recent checkpoint checks found lost, and the highest batch Spark aborted."""
+        self._call(f"checkpoint checks and runs of {sink_id}")
+        runs = [r for (s, _), r in self._log.runs.items() if s == sink_id]
+        checked = sorted(
+            (r for r in runs if r.checkpoint_checked_at is not None),
+            key=lambda r: r.checkpoint_checked_at or 0.0,
+            reverse=True,
+        )[:50]
+        recorded = frozenset(
+            b for r in checked if r.checkpoint_verdict == "loss" for b in r.checkpoint_lost
+        )
+        aborted = max((r.aborted_batch for r in runs if r.aborted_batch is not None), default=None)
+        return recorded, aborted
 
     # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) ----------
 

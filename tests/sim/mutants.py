@@ -271,7 +271,9 @@ class MainDataSource:
         return run.driver_token
 
     @staticmethod
-    def abort_args(run: world_module.Run) -> dict[str, Any]:
+    def abort_args(
+        run: world_module.Run, messages: Sequence[PartitionOutcome | None]
+    ) -> dict[str, Any]:
         return {
             "run_id": run.run_id if run.is_load else None,
             "load": run.is_load,

@@ -7,11 +7,11 @@ writer, a checkpoint restored from an older copy, zombies, retries after PREPARE
 query replaced while half-committed; failovers, two queries in one driver, restarts
 in the same process), built from the same world as the default run.
 
-Issue 26's three are windows of main (cf9f957) that this simulation finds: there the
-mutant is the code itself, ``checks.KNOWN`` lists them (the default run counts them),
-and ``test_the_world_holds_with_the_fix`` is expected to fail for each (``xfail``,
-strict) until its fix is merged and its code leaves ``KNOWN``; from then on it runs
-the profile clean, and the mutant must still be found.
+Issue 26's three were windows of main (cf9f957) that this simulation found: there the
+mutant is the code itself. While a fix is not merged, ``checks.KNOWN`` lists its code
+(the default run counts it) and ``test_the_world_holds_with_the_fix`` is expected to
+fail for it (``xfail``, strict); once its code leaves ``KNOWN`` (fix/cone and fix/rone
+are merged) the profile must run clean, and the mutant must still be found.
 
 The checks that see a broken rule at once (a task going on for a writer the sink
 refuses, a plain DELETE erasing an incomplete decision) are then silenced, and the
@@ -141,11 +141,15 @@ CASES = [
         "a kept session that a fenced run recorded as its lock holder serves the new run, "
         "and is ended as the fenced run's (main's end_fenced_holders and unlock_sink)",
         mutants.r2_holder_by_stale_record,
-        replace(
-            BASE,
+        replace(  # runs end by failed tasks (drivers live on) and restart in their
+            BASE,  # process; every first commit lists slowly; recover comes often
             same_process=1.0,
-            slow_listing=0.5,
-            recover=0.03,
+            restart=0.3,
+            crash_driver=0.0,
+            crash_task=0.03,
+            slow_listing=1.0,
+            slow_listing_s=(15.0, 30.0),
+            recover=0.05,
             failover=0.0,
             p_shared_driver=0.0,
         ),

@@ -58,14 +58,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode, CheckpointPolicy
+from sqlsink.checkpoint.parse import Checkpoint
+from sqlsink.cli.output import CliError
+from sqlsink.cli.recover_lost import Decider, Evidence, lost_batches, requests
+from sqlsink.core.checkpoint_check import (
+    CheckpointCheck,
+    CheckpointMode,
+    CheckpointPolicy,
+    EntryPoint,
+)
 from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
+from sqlsink.core.resolution import Scope
 from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError, SinkBindingError, SqlsinkError
+from sqlsink.postgres.survey.roles import RoleInfo
+from sqlsink.spark.driver_token import run_token
 from tests.sim.checks import KNOWN, Checker
 from tests.sim.memory import ConnectionLost, MemoryBackend, Server, SqlError
 from tests.sim.sched import Actor, Failure, Sim, Violation
@@ -101,6 +112,7 @@ class Purpose:
     attempt: int | None = None
     messages: list[PartitionOutcome | None] | None = None
     told: frozenset[int] = frozenset()  # an operator told by a data-loss error: these are lost
+    checkpoint: bool = False  # a recover given the query's checkpoint (--checkpoint)
 
 
 @dataclass
@@ -272,20 +284,27 @@ class Job:
 
 class DataSource:
     """What ``spark/datasource.py`` hands the core, as the world models it: the token a
-    stream's tasks register their run with, and what its abort passes. Spark's abort
-    gets the messages of the tasks that reported (None for the others); a stream's
-    writer knows no run id, and no query id but what the messages carry."""
+    stream's tasks register their run with (the driver's and the query's:
+    ``driver_token.run_token``), and what its abort passes. Spark's abort gets the
+    messages of the tasks that reported (None for the others); a stream's writer knows no
+    run id; with no task reporting its run, it reads its query id from its checkpoint
+    (``datasource.checkpoint_query``: the world's are always readable)."""
 
     @staticmethod
     def task_token(run: Run) -> str | None:
-        return run.driver_token
+        return run_token(run.driver_token, run.query_id)
 
     @staticmethod
-    def abort_args(run: Run) -> dict[str, Any]:
+    def abort_args(run: Run, messages: list[PartitionOutcome | None]) -> dict[str, Any]:
+        query_id = next((o.query_id for o in messages if o and o.query_id), None)
+        reported = any(o is not None and o.run_id for o in messages)
+        if not run.is_load and not reported:
+            query_id = run.query_id  # its checkpoint's metadata
         return {
             "run_id": run.run_id if run.is_load else None,
+            "query_id": query_id,
             "load": run.is_load,
-            "writer_token": run.driver_token,
+            "writer_token": run_token(run.driver_token, query_id),
         }
 
 
@@ -409,6 +428,7 @@ class World:
                 f"sim://{query.name}/checkpoint",
                 lambda: frozenset(query.commits),
                 CheckpointMode.WARN,
+                entry=EntryPoint.DATA_SOURCE,
             )
             check = CheckpointCheck(backend, policy)
         return Committer(
@@ -755,7 +775,7 @@ class World:
             self.stats["abort without messages"] = self.stats.get("abort without messages", 0) + 1
         try:
             self.committer(backend, run.sink).abort_batch(
-                batch, messages, **self.datasource.abort_args(run)
+                batch, messages, **self.datasource.abort_args(run, messages)
             )
             clean = True
         except EXPECTED as exc:
@@ -841,13 +861,19 @@ class World:
 
     # -- recover and the operator ----------------------------------------------------------
 
-    def recover_program(self, sink: str | None, superuser: bool) -> Callable[[Actor], None]:
+    def recover_program(
+        self, sink: str | None, superuser: bool, checkpoint: Query | None = None
+    ) -> Callable[[Actor], None]:
+        """``sqlsink recover`` of one sink or every sink with leftovers; ``checkpoint``:
+        with ``--checkpoint`` of that query (of ``sink``)."""
+
         def program(actor: Actor) -> None:
             backend = self.connect(actor, Purpose("recover", sink or "*"), superuser=superuser)
             try:
                 for each in [sink] if sink else self._sinks_with_leftovers(backend):
-                    backend.session.purpose = Purpose("recover", each)
-                    self._recover_sink(backend, each)
+                    given = checkpoint is not None and each == sink
+                    backend.session.purpose = Purpose("recover", each, checkpoint=given)
+                    self._recover_sink(backend, each, checkpoint)
             finally:
                 if not backend.session.dead:
                     backend.close()
@@ -862,11 +888,16 @@ class World:
                 found.add(gid.sink_id)
         return sorted(found)
 
-    def _recover_sink(self, backend: MemoryBackend, sink: str) -> bool:
+    def _recover_sink(
+        self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
+    ) -> bool:
         """cli/recover.py for one sink: the lock as ``Recovery._take_lock`` takes it (free
         at once, or within --lock-timeout; a holder that a fenced run recorded is ended,
-        and the lock waited for once more; else refused), then the committer's plan and
-        actions, live runs' gids left (the registry's liveness). False when refused."""
+        and the lock waited for once more; else refused), then the plan and its actions
+        (``Recovery._recover``): live runs' gids left (the registry's liveness), and those
+        of batches Spark went past whose decision was lost (``Recovery._scope``: the
+        checkpoint's commits/ with --checkpoint, else the log's record). False when
+        refused."""
         timeout = self.profile.lock_timeout_s
         locked = backend.try_sink_lock(sink)
         if not locked:
@@ -879,12 +910,108 @@ class World:
             )
             return False
         try:
-            self.committer(backend, sink).recover()
+            committer = self.committer(backend, sink)
+            with backend.sink_lock(sink):
+                committer.resolver.resolve(
+                    self._recover_scope(backend, sink, checkpoint), dry_run=False
+                )
         except (SqlsinkError, SqlError) as exc:
             self.expected(exc)
         finally:
             backend.unlock_sink(sink)
         return True
+
+    def _evidence(
+        self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
+    ) -> Evidence:
+        """``recover_lost.evidence``: what shows that Spark went past a batch of the sink."""
+        recorded, aborted = backend.loss_evidence(sink)
+        given = None
+        if checkpoint is not None:
+            given = Checkpoint(f"sim://{checkpoint.name}/checkpoint", checkpoint.query_id)
+            given.commits = set(checkpoint.commits)
+        return Evidence(given, recorded, aborted)
+
+    def _recover_scope(
+        self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
+    ) -> Scope:
+        """``Recovery._scope``: everything but live runs' gids and lost decisions' gids."""
+        proof = self._evidence(backend, sink, checkpoint)
+        lost = frozenset(b.batch_id for b in lost_batches(backend, sink, proof))  # type: ignore[arg-type]
+        live = frozenset(run for _, run in backend.live_runs(sink))
+        return Scope.everything(live, lost)
+
+    def _commit_lost(
+        self, actor: Actor, query: Query, held: dict[int, list[str]], told: frozenset[int]
+    ) -> bool:
+        """``sqlsink recover --sink-id S --commit-lost K``, as the data-loss error says
+        (``Recovery.decide``: ``recover_lost.Decider`` under the sink lock, then the
+        recovery commits them). When the batch has more than one attempt of a partition,
+        or attempts of more than one run, the command refuses and says to keep one per
+        partition of one run and roll back the others by hand: the operator does (the rows
+        of every attempt of a partition are the same). False: refused, comes back."""
+        sink = query.sink
+        purpose = Purpose("operator", sink, query.writer, told=told)
+        backend = self.connect(actor, purpose, superuser=True)
+        try:
+            bound = backend.binding(sink)
+            me = RoleInfo("sink", True, DB, "16", 160000)
+            decider = Decider(
+                backend,  # type: ignore[arg-type]
+                sink,
+                None if bound is None else bound.query_id,
+                me,
+                self._evidence(backend, sink),
+            )
+            if not backend.wait_sink_lock(sink, self.profile.lock_timeout_s):
+                return False
+            try:
+                try:
+                    plans = decider._check(requests(held, []))
+                except CliError as exc:
+                    self.stats["--commit-lost refused"] = (
+                        self.stats.get("--commit-lost refused", 0) + 1
+                    )
+                    if "one attempt per partition" in str(exc):
+                        self._keep_one_attempt(backend, sink, held)
+                    return False
+                for request, gids in plans:
+                    decider._write(request, gids)
+            finally:
+                backend.unlock_sink(sink)
+            self.stats["lost batches committed (--commit-lost)"] = (
+                self.stats.get("lost batches committed (--commit-lost)", 0) + 1
+            )
+            return self._recover_sink(backend, sink)
+        finally:
+            if not backend.session.dead:
+                backend.close()
+
+    def _keep_one_attempt(
+        self, backend: MemoryBackend, sink: str, held: dict[int, list[str]]
+    ) -> None:
+        """By hand, as the refusal says: per batch, the run with the most partitions, one
+        attempt per partition (the lowest); ROLLBACK PREPARED the others."""
+        for batch in held:
+            gids = [
+                g
+                for t in backend.prepared(sink)
+                if (g := Gid.parse(t.gid)) is not None and g.batch_id == batch
+            ]
+            runs: dict[str, set[tuple[int, int]]] = {}
+            for g in gids:
+                runs.setdefault(g.run_id, set()).add((g.part, g.partition_id))
+            run = max(sorted(runs), key=lambda r: len(runs[r]))
+            keep = {
+                min(
+                    (g for g in gids if g.run_id == run and (g.part, g.partition_id) == p),
+                    key=lambda g: g.attempt_id,
+                )
+                for p in runs[run]
+            }
+            for g in gids:
+                if g not in keep:
+                    backend.rollback_prepared(str(g))
 
     def operator_program(self, sink: str) -> Callable[[Actor], None]:
         """A refused writer printed its advice; the owner's query is retired. The operator
@@ -972,7 +1099,8 @@ class World:
     def loss_reported(self, run: Run, exc: DataLossError) -> None:
         """A commit reported lost batches: expected for exactly those a failover took
         (else the checker fails the world); the query waits for its operator."""
-        self.checker.on_loss_reported(run, exc)
+        if not self.checker.on_loss_reported(run, exc):
+            return  # a known false alarm, counted: a failed commit, the run ends
         self.stats["DataLossError after a failover"] = (
             self.stats.get("DataLossError after a failover", 0) + 1
         )
@@ -980,17 +1108,30 @@ class World:
             run.owner.loss = exc
 
     def loss_operator_program(self, query: Query) -> Callable[[Actor], None]:
-        """The operator reads the data-loss error and does what it says: re-deliver the
-        batches (rewind the checkpoint: delete commits/K onward and offsets/K+1 onward),
-        or accept the loss (stop the query, ``sqlsink recover``, ``sqlsink forget``)."""
+        """The operator reads the data-loss error and does what it says: for a batch whose
+        transactions are still prepared, ``sqlsink recover --commit-lost K``; for one with
+        nothing prepared, re-deliver it (rewind the checkpoint: delete commits/K onward
+        and offsets/K+1 onward), or accept the loss (stop the query, ``sqlsink recover``,
+        ``sqlsink forget``)."""
 
         def program(actor: Actor) -> None:
             error = query.loss
             assert error is not None
             lost = sorted(int(b) for b in error.context.get("lost", []))
+            named = error.context.get("prepared") or {}
+            told = frozenset(lost)
             actor.step("read the data-loss error")
-            if "delete commits/" in error.message and self.rng.random() < self.profile.p_redeliver:
-                first = lost[0]
+            open_ = set(self.unsettled(query))  # what the last visit settled, it knows
+            held = {int(b): list(g) for b, g in named.items() if int(b) in open_}
+            if held and not self._commit_lost(actor, query, held, told):
+                return  # it comes back
+            bare = [b for b in lost if b not in named and b in open_]
+            if not bare:
+                pass
+            elif (
+                "delete commits/" in error.message and self.rng.random() < self.profile.p_redeliver
+            ):
+                first = bare[0]
                 query.commits = {b for b in query.commits if b < first}
                 query.offsets = {b: o for b, o in query.offsets.items() if b <= first}
                 query.snapshot()
@@ -998,14 +1139,13 @@ class World:
                     self.stats.get("lost batches re-delivered", 0) + 1
                 )
             else:
-                told = frozenset(lost)
                 backend = self.connect(actor, Purpose("operator", query.sink, told=told))
                 try:
                     if not self._recover_sink(backend, query.sink):
                         return  # it comes back
                     with backend.sink_lock(query.sink):
                         backend.forget_sink(query.sink)
-                    self.checker.accept_lost(query, lost)
+                    self.checker.accept_lost(query, bare)
                     self.stats["lost batches accepted"] = (
                         self.stats.get("lost batches accepted", 0) + 1
                     )
@@ -1015,6 +1155,8 @@ class World:
             query.loss = None
             query.finished = False
             query.runs_left = max(query.runs_left, 2)
+            if self.server.cut_points is not None:  # a failover back across the operator's
+                self.server.cut_points.clear()  # settlement: stale advice, not modelled
 
         return program
 
@@ -1071,8 +1213,12 @@ class World:
         if (self.recovering is None or self.recovering.done) and rng.random() < p.recover:
             sink = rng.choice(["s1", "s1", None])
             superuser = rng.random() < 0.5
+            bound = self.query_of(self.checker.owner.get(("s1", self.checker.epoch["s1"])))
+            given = bound if sink and rng.random() < 0.5 else None  # --checkpoint of its query
             self.recovering = self.spawn(
-                f"recover {sink or 'all'}", "recover", self.recover_program(sink, superuser)
+                f"recover {sink or 'all'}{' --checkpoint' if given else ''}",
+                "recover",
+                self.recover_program(sink, superuser, given),
             )
         if (self.operating is None or self.operating.done) and rng.random() < p.operator:
             self._maybe_operate()
@@ -1271,7 +1417,11 @@ class World:
         self.ending = True
         sinks = sorted({w.sink for w in self._writers()} | {"other-app"})
         for sink in sinks:
-            self.spawn(f"final recover {sink}", "final", self.recover_program(sink, True))
+            # with --checkpoint of the query that owns the sink: without it, a batch a
+            # commit once found lost keeps its re-run's leftovers (what the log recorded
+            # stays after the operator re-delivered it), and recover tells to commit them
+            owner = self.query_of(self.checker.owner.get((sink, self.checker.epoch[sink])))
+            self.spawn(f"final recover {sink}", "final", self.recover_program(sink, True, owner))
         saved = self.profile
         self.profile = replace(saved, calm_after=0)
         try:
