@@ -9,6 +9,12 @@ semantics copy ``sqlsink/postgres/backend.py``, ``postgres/commit_log.py``,
 ``sql/003_writers_and_runs.sql``; the contract tests (``test_backend_contract.py``)
 run the same scenarios against both.
 
+Beyond one PostgreSQL's life, the server can fail over (``Server.fail_over``): a
+promoted asynchronous standby has the WAL up to a cut, taken just before a decision
+(``Server.cut_points``), and every session ends. And a session can be kept between
+uses, as ``postgres/sessions.py`` keeps one (``MemoryBackend.keep`` and ``take_back``:
+``DISCARD ALL``, then the next use names it; the server ends one idle for 60 s).
+
 ``MemoryBackend`` is one session on it. It implements
 ``sqlsink.core.backend.TwoPhaseBackend`` and ``sqlsink.core.participant.ParticipantBackend``,
 plus what ``postgres/partition.py`` does on its connection (BEGIN, rows, marker,
@@ -22,6 +28,7 @@ yields, and a wait that cannot be granted moves the clock to its deadline.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError, TransientError
@@ -126,6 +134,10 @@ class RunRow:
     lock_pid: int | None = None
     lock_backend_start: float | None = None
     writer_token: str | None = None
+    checkpoint_checked_at: float | None = None  # schema 4: the run's checkpoint check
+    checkpoint_verdict: str | None = None
+    checkpoint_lost: tuple[int, ...] = ()
+    checkpoint_batch: int | None = None
 
 
 @dataclass
@@ -139,6 +151,15 @@ class CommitLog:
 
     def of_sink(self, sink_id: str) -> list[DecisionRow]:
         return [d for (s, _), d in self.decisions.items() if s == sink_id]
+
+    def copy(self) -> CommitLog:
+        """A copy whose rows change apart from this one's (markers never change)."""
+        return CommitLog(
+            {k: copy.copy(v) for k, v in self.sinks.items()},
+            {k: copy.copy(v) for k, v in self.decisions.items()},
+            dict(self.markers),
+            {k: copy.copy(v) for k, v in self.runs.items()},
+        )
 
 
 @dataclass(eq=False)
@@ -160,13 +181,39 @@ class Session:
     state_step: int | None = None  # step of the first task_state read
     first_state: TaskState | None = None  # what the task's checks ran on
     live_read: frozenset[str] = frozenset()  # runs live per the last live_runs read
+    idle_since: float | None = None  # kept between uses (postgres/sessions.py) since then
+    uses: int = 1  # how many uses it served (kept sessions serve several)
+
+    def new_use(self, actor: Actor | None, purpose: Any) -> None:
+        """A kept session taken back: another use, with what it knows per use reset."""
+        self.actor, self.purpose, self.idle_since = actor, purpose, None
+        self.state_step = self.first_state = None
+        self.live_read = frozenset()
+        self.uses += 1
+
+
+IDLE_SESSION_TIMEOUT_S = 60.0  # sessions.IDLE_TIMEOUT_S: the server ends an idle kept one
+CUT_POINTS = 4  # the newest cut points a failover may go back to
+
+
+@dataclass
+class Durable:
+    """What survives a failover: the WAL up to a cut (prepared transactions, the tables,
+    every database's commit log), and when the cut was taken."""
+
+    at: float
+    step: int
+    logs: dict[str, CommitLog]
+    prepared: dict[str, Txn]
+    tables: dict[tuple[str, str], dict[Hashable, str]]
+    committed: set[str]
 
 
 class Hooks(Protocol):
     """What the invariant checks want to see happen (``checks.Checker``)."""
 
     def on_lock(self, session: Session, key: str) -> None: ...
-    def on_terminate(self, session: Session, holder: Session) -> None: ...
+    def on_terminate(self, session: Session, holder: Session, sink_id: str) -> None: ...
     def on_commit_prepared(self, session: Session, txn: Txn) -> None: ...
     def on_rollback_prepared(self, session: Session, txn: Txn) -> None: ...
     def on_insert_decision(self, session: Session, row: DecisionRow) -> None: ...
@@ -176,6 +223,7 @@ class Hooks(Protocol):
     def on_mark_complete(self, session: Session, sink_id: str, batch_ids: list[int]) -> None: ...
     def on_log_removed(self, session: Session, sink_id: str, how: str) -> None: ...
     def on_prune(self, session: Session, sink_id: str, batch_ids: list[int]) -> None: ...
+    def on_mark_aborted(self, session: Session, sink_id: str, run_id: str, batch: int) -> None: ...
 
 
 class NoHooks:
@@ -220,6 +268,8 @@ class Server:
         self.tables: dict[tuple[str, str], dict[Hashable, str]] = {}  # committed: key -> gid
         self._pids = itertools.count(100)
         self._xids = itertools.count(1)
+        self.committed: set[str] = set()  # gids committed (the WAL's COMMIT PREPAREDs)
+        self.cut_points: list[Durable] | None = None  # kept (newest last) when not None
 
     def log(self, database: str) -> CommitLog:
         return self.logs.setdefault(database, CommitLog())
@@ -266,6 +316,52 @@ class Server:
             if session.actor is actor:
                 self.end_session(session, terminated=False)
 
+    # -- a failover, and kept sessions ----------------------------------------------------
+
+    def cut(self) -> None:
+        """A point the WAL of a lagging standby may end at (kept when asked for)."""
+        if self.cut_points is None:
+            return
+        self.cut_points.append(
+            Durable(
+                self.clock(),
+                self.step_no(),
+                {db: log.copy() for db, log in self.logs.items()},
+                dict(self.prepared),  # a prepared Txn never changes; it only leaves
+                {place: dict(rows) for place, rows in self.tables.items()},
+                set(self.committed),
+            )
+        )
+        del self.cut_points[:-CUT_POINTS]
+
+    def fail_over(self, to: Durable) -> None:
+        """A standby promoted with the WAL up to ``to``: every session ends (the clients
+        see their connection go), and what was written after the cut is gone: decisions,
+        completions, registrations, COMMIT and ROLLBACK PREPAREDs, PREPAREs."""
+        for session in list(self.sessions.values()):
+            self.end_session(session, terminated=True)
+        self.logs = {db: log.copy() for db, log in to.logs.items()}
+        self.prepared = dict(to.prepared)
+        self.tables = {place: dict(rows) for place, rows in to.tables.items()}
+        self.committed = set(to.committed)
+        self.row_locks = {
+            (txn.database, table, key): txn
+            for txn in self.prepared.values()
+            for table, key in txn.rows
+        }
+        self.advisory.clear()
+        if self.cut_points is not None:
+            self.cut_points = [c for c in self.cut_points if c.step < to.step]
+
+    def discard(self, session: Session) -> None:
+        """``DISCARD ALL``: the session's advisory locks go (settings too); kept idle."""
+        for key in session.advisory:
+            if self.advisory.get((session.database, key)) is session:
+                del self.advisory[(session.database, key)]
+        session.advisory.clear()
+        session.locked_at.clear()
+        session.actor, session.purpose, session.idle_since = None, None, self.clock()
+
     def _release(self, txn: Txn) -> None:
         for table, key in txn.rows:
             lock = (txn.database, table, key)
@@ -274,6 +370,8 @@ class Server:
 
     def _apply(self, txn: Txn) -> None:
         """Commit: the rows and the marker become visible."""
+        if txn.gid is not None:
+            self.committed.add(txn.gid)
         for table, key in txn.rows:
             self.tables.setdefault((txn.database, table), {})[key] = txn.gid or f"xid{txn.xid}"
         if txn.marker is not None:
@@ -408,6 +506,9 @@ class MemoryBackend:
         return True
 
     def unlock_sink(self, sink_id: str | None) -> None:
+        """locks.unlock_sink: the lock goes once (it stacks); when this session no longer
+        holds it, the runs' records of this session (its pid) as the sink lock's holder are
+        cleared, in the same round trip (a kept session serves another run next)."""
         if self.session.noticed:
             return  # locks.unlock_sink: a closed connection holds nothing
         self._call(f"unlock {sink_id}")
@@ -418,39 +519,42 @@ class MemoryBackend:
             self.session.locked_at.pop(key, None)
             if self.server.advisory.get((self.database, key)) is self.session:
                 del self.server.advisory[(self.database, key)]
+            if sink_id is not None:
+                for (sink, _), run in self._log.runs.items():
+                    if sink == sink_id and run.lock_pid == self.session.pid:
+                        run.lock_pid = run.lock_backend_start = None
         else:
             self.session.advisory[key] = count - 1
 
+    def end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        """locks.end_fenced_holders (also the CLI's, after its wait for the lock)."""
+        return self._end_fenced_holders(sink_id)
+
     def _end_fenced_holders(self, sink_id: str | None) -> list[int]:
-        """locks.end_fenced_holders: end a holder that a fenced run recorded as its own."""
+        """locks.end_fenced_holders: end the holder of the sink lock (there is at most
+        one) when a superseded run of the sink recorded it, by pid and backend start,
+        as the session that holds the lock for it, and no run not superseded does."""
         if sink_id is None:
             return []
         self._call(f"end fenced holders {sink_id}")
         holder = self.server.advisory.get((self.database, lock_key(sink_id)))
         if holder is None or holder is self.session:
             return []
-        for (sink, _), run in self._log.runs.items():
-            if (
-                sink == sink_id
-                and run.superseded_at is not None
-                and run.lock_pid == holder.pid
-                and run.lock_backend_start == holder.backend_start
-            ):
-                self.server.hooks.on_terminate(self.session, holder)
+        recorded = [
+            run
+            for (sink, _), run in self._log.runs.items()
+            if sink == sink_id
+            and run.lock_pid == holder.pid
+            and run.lock_backend_start == holder.backend_start
+        ]
+        if any(run.superseded_at is None for run in recorded):
+            return []  # a live run's: whatever a superseded one recorded
+        for run in recorded:
+            if run.superseded_at is not None:
+                self.server.hooks.on_terminate(self.session, holder, sink_id)
                 self.server.end_session(holder, terminated=True)
                 return [holder.pid]
         return []
-
-    def sink_sessions(self, sink_id: str) -> list[int]:
-        """The CLI's liveness by sessions: other sessions of the sink's tasks and commits."""
-        self._call(f"sessions of {sink_id}")
-        return [
-            s.pid
-            for s in self.server.sessions.values()
-            if s is not self.session
-            and getattr(s.purpose, "sink", None) == sink_id
-            and getattr(s.purpose, "kind", None) in ("task", "commit", "abort")
-        ]
 
     # -- prepared transactions ----------------------------------------------------------
 
@@ -639,20 +743,33 @@ class MemoryBackend:
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
         self._call(f"mark aborted {run_id} batch {batch_id}")
         run = self._log.runs.get((sink_id, run_id))
+        self.server.hooks.on_mark_aborted(self.session, sink_id, run_id, batch_id)
         if run is not None:
             run.aborted_batch = (
                 batch_id if run.aborted_batch is None else max(run.aborted_batch, batch_id)
             )
 
     def _live(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        """run_registry.RUNS_SQL: neither fenced nor over (a batch of it aborted), and
+        heard from within its timeout: its runTimeout, or three times its recent batch
+        interval (the longest gap between its last four decisions) when that is longer."""
         now = self._now()
-        return {
-            key: now - run.heartbeat_at
-            for key, run in self._log.runs.items()
-            if run.superseded_at is None
-            and run.heartbeat_at > now - run.live_for
-            and (sink_id is None or run.sink_id == sink_id)
-        }
+        live = {}
+        for key, run in self._log.runs.items():
+            if run.superseded_at is not None or run.aborted_batch is not None:
+                continue
+            if sink_id is not None and run.sink_id != sink_id:
+                continue
+            recent = sorted(
+                (d.batch_id, d.decided_at)
+                for d in self._log.of_sink(run.sink_id)
+                if d.run_id == run.run_id
+            )[-4:]
+            gaps = [b - a for (_, a), (_, b) in itertools.pairwise(recent)]
+            timeout = max(run.live_for, 3 * max(gaps)) if gaps else run.live_for
+            if run.heartbeat_at > now - timeout:
+                live[key] = now - run.heartbeat_at
+        return live
 
     def await_batch_tasks(
         self, sink_id: str, batch_id: int, timeout_s: float
@@ -695,6 +812,7 @@ class MemoryBackend:
         tables: Sequence[str] = (),
     ) -> bool:
         self._call(f"insert decision {sink_id} batch {batch_id} {sorted(gids)}")
+        self.server.cut()  # a standby's WAL may end just before this decision
         log, now = self._log, self._now()
         writer = Binding.of(query_id)
         sink = log.sinks.get(sink_id)
@@ -834,6 +952,89 @@ class MemoryBackend:
     def close(self) -> None:
         """The client closes: an open transaction rolls back, a prepared one stays."""
         self.server.end_session(self.session, terminated=False)
+
+    # -- a session kept between uses (postgres/sessions.py) ------------------------------
+
+    def keep(self) -> bool:
+        """``sessions._give_back`` after a use that ended cleanly: ``DISCARD ALL`` (the
+        sink lock goes with every advisory lock), renamed idle. False, and closed, when
+        it cannot be kept (an open transaction, a connection gone)."""
+        session = self.session
+        if session.dead or session.noticed or session.txn is not None:
+            self.close()
+            return False
+        try:
+            self._call("DISCARD ALL")
+        except ConnectionLost:  # gone meanwhile: closed, not kept
+            self.close()
+            return False
+        self.server.discard(session)
+        return True
+
+    def take_back(self, actor: Actor | None, purpose: Any) -> bool:
+        """``sessions._take``: one statement names the kept session for its new use and is
+        its health check. False when it is gone (the server ended it: idle too long, a
+        failover): the caller makes a new connection, nothing of the use has run."""
+        session = self.session
+        idle = session.idle_since
+        if not session.dead and idle is not None and self._now() - idle > IDLE_SESSION_TIMEOUT_S:
+            self.server.end_session(session, terminated=True)  # idle_session_timeout
+        if session.dead:
+            return False
+        session.new_use(actor, purpose)
+        try:
+            self._call("set application_name (a kept session)")
+        except ConnectionLost:
+            return False
+        return True
+
+    def loss_evidence(self, sink_id: str) -> tuple[frozenset[int], int | None]:
+        """``recover_lost.evidence`` without a checkpoint: the batches the sink's 50 most
+        recent checkpoint checks found lost, and the highest batch Spark aborted."""
+        self._call(f"checkpoint checks and runs of {sink_id}")
+        runs = [r for (s, _), r in self._log.runs.items() if s == sink_id]
+        checked = sorted(
+            (r for r in runs if r.checkpoint_checked_at is not None),
+            key=lambda r: r.checkpoint_checked_at or 0.0,
+            reverse=True,
+        )[:50]
+        recorded = frozenset(
+            b for r in checked if r.checkpoint_verdict == "loss" for b in r.checkpoint_lost
+        )
+        aborted = max((r.aborted_batch for r in runs if r.aborted_batch is not None), default=None)
+        return recorded, aborted
+
+    # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) ----------
+
+    listing_s = 0.0  # how long listing the checkpoint's commits/ takes (set by the world)
+
+    def run_check(self, sink_id: str, run_id: str) -> RunCheck:
+        self._call(f"checkpoint check of run {run_id}?")
+        run = self._log.runs.get((sink_id, run_id))
+        checked = run is not None and run.checkpoint_checked_at is not None
+        return RunCheck(checked, self._highest(sink_id))
+
+    def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
+        if self.listing_s > 0:  # the listing ran just before (a remote one, slowly)
+            deadline = self._now() + self.listing_s
+            self._call("list commits/ (slowly)", lambda: False, deadline)
+        self._call(f"coverage of {sink_id}")
+        batches = [d.batch_id for d in self._log.of_sink(sink_id)]
+        sink = self._log.sinks.get(sink_id)
+        return LogCoverage(
+            min(batches, default=None),
+            None if sink is None else sink.pruned_through,
+            frozenset(b for b in batch_ids if b in batches),
+        )
+
+    def record_check(
+        self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
+    ) -> None:
+        self._call(f"record checkpoint check of run {run_id}: {verdict.kind}")
+        run = self._log.runs.get((sink_id, run_id))
+        if run is not None:
+            run.checkpoint_checked_at, run.checkpoint_verdict = self._now(), verdict.kind
+            run.checkpoint_lost, run.checkpoint_batch = tuple(verdict.lost), batch_id
 
     # -- operators and the CLI ----------------------------------------------------------
 

@@ -1,9 +1,13 @@
-"""Issue 12's fixes, each reverted: what ``test_finds_reverted_fixes`` runs the simulation on.
+"""Fixes, each reverted: what ``test_finds_reverted_fixes`` runs the simulation on.
 
 Each mutant is a context manager that patches the fix out of the core (item 1: out
 of the in-memory commit log's schema, where that fix lives) and restores it on exit.
-The reverted code is the project's own before the fix (b5cc5c7), adapted to today's
-signatures where they changed.
+Issue 12's: the reverted code is the project's own before the fix (b5cc5c7), adapted
+to today's signatures where they changed. Issue 26's (C1, R1, R2): the code as it is on
+main at cf9f957, before those fixes; where a fix lives outside the core (R1 in
+``spark/datasource.py``, which ``world.DataSource`` models; R2 in ``postgres/locks.py``,
+which ``memory.py`` mirrors), the mutant puts back the model or the mirror of that
+code as it was then.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from sqlsink.core import abort as abort_module
 from sqlsink.core import admission as admission_module
 from sqlsink.core import committer as committer_module
 from sqlsink.core import participant as participant_module
+from sqlsink.core.admission import check_binding, check_forward, refuses
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Fate, PartitionOutcome, ResolutionReport, TaskState
-from sqlsink.core.participant import Participant
+from sqlsink.core.participant import Participant, Start
 from sqlsink.core.resolution import Scope
+from tests.sim import world as world_module
+from tests.sim.memory import MemoryBackend, lock_key
 
 
 @contextmanager
@@ -159,6 +166,178 @@ def item_10_no_adoption() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Participant, "_earlier_attempt", earlier_attempt)
+        yield
+
+
+# -- issue 26 -----------------------------------------------------------------------------
+
+
+def _main_before_write(self: Participant) -> Start:
+    """``Participant.before_write`` on main: a leftover of another run, or of this run's
+    earlier batches, undecided, is resolved (rolled back) before the task writes,
+    whatever batch it is of."""
+    task = self.task
+    state = self._state()
+    check_binding(task.sink_id, state.bound, state.highest, Binding.of(task.query_id))
+    check_forward(task.sink_id, task.batch_id, state.highest)
+    committer = Committer(
+        self.backend, task.sink_id, timeouts=self.timeouts, run_timeout_s=self.run_timeout_s
+    )
+    committer.register(
+        task.run_id,
+        holds_lock=False,
+        writer=Binding.of(task.query_id),
+        token=task.writer_token,
+    )
+    if state.decided:
+        return Start(skip=True)
+    scope = Scope.live(task.run_id, task.batch_id)
+    gids = [g for g in map(Gid.parse, state.prepared) if g is not None]
+    if any(not scope.in_flight(g) for g in gids):
+        committer.resolve_leftovers(task.run_id, task.batch_id)
+        if self._state().decided:
+            return Start(skip=True)
+    return Start(adopt=self._earlier_attempt(gids))
+
+
+def _main_keeps(self: Scope, gid: Gid) -> str | None:
+    """``Scope.keeps`` on main: live runs' gids, and a live run's own in flight; nothing
+    about a batch whose decision was lost."""
+    if gid.run_id in self.live_runs:
+        return f"run {gid.run_id} is live"
+    if self.run_id is None or self.batch_id is None:
+        return None
+    if gid.run_id != self.run_id:
+        if self.own_run_only:
+            return f"of run {gid.run_id}: an abort acts on its own run only"
+        return None
+    if gid.batch_id > self.batch_id or (gid.batch_id == self.batch_id and not self.include_batch):
+        return "in flight in the live run"
+    return None
+
+
+@contextmanager
+def c1_lost_decision_resolved() -> Iterator[None]:
+    """C1 reverted: the next run's first task (and a sweep, an abort) rolls back the
+    undecided leftovers of a batch whose decision a failover took, as any leftover."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Participant, "before_write", _main_before_write)
+        mp.setattr(Scope, "keeps", _main_keeps)
+        yield
+
+
+def _main_abort_batch(
+    committer: Committer,
+    batch_id: int,
+    outcomes: Sequence[PartitionOutcome | None],
+    *,
+    run_id: str | None,
+    query_id: str | None,
+    load: bool,
+    writer_token: str | None,
+) -> ResolutionReport:
+    """``core.abort.abort_batch`` on main: with no run from the messages, the newest run
+    registered with the driver's token is the abort's, its query unknown (no binding
+    check then)."""
+    sink_id = committer.required_sink()
+    backend = committer.backend
+    run_id = run_id or next((o.run_id for o in outcomes if o and o.run_id), None)
+    if run_id is None and writer_token is not None:
+        run_id = backend.run_of_token(sink_id, writer_token)
+    query_id = query_id or next((o.query_id for o in outcomes if o and o.query_id), None)
+    writer = Binding("load") if load else Binding.of(query_id) if query_id else None
+    if run_id is None:
+        return ResolutionReport()
+    with backend.sink_lock(sink_id):
+        bound = backend.binding(sink_id)
+        highest = backend.highest_decided(sink_id)
+        if writer is not None and refuses(bound, highest, writer):
+            return ResolutionReport()
+        committer.register(run_id, holds_lock=True)
+        decided = (sink_id, batch_id) in backend.decisions(sink_id, [(sink_id, batch_id)])
+        if not decided:
+            backend.mark_aborted(sink_id, run_id, batch_id)
+        report = committer.resolver.resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
+    return abort_module.after_late_tasks(committer, run_id, batch_id, report)
+
+
+class MainDataSource:
+    """``spark/datasource.py`` on main, as ``world.DataSource`` models it: the tasks
+    register their run with the driver's token; a stream's abort passes the messages,
+    no run id, no query id, and the driver's token."""
+
+    @staticmethod
+    def task_token(run: world_module.Run) -> str | None:
+        return run.driver_token
+
+    @staticmethod
+    def abort_args(
+        run: world_module.Run, messages: Sequence[PartitionOutcome | None]
+    ) -> dict[str, Any]:
+        return {
+            "run_id": run.run_id if run.is_load else None,
+            "load": run.is_load,
+            "writer_token": run.driver_token,
+        }
+
+
+@contextmanager
+def r1_abort_by_driver_token() -> Iterator[None]:
+    """R1 reverted: an abort no task reported to takes the newest run of the driver's
+    token, whichever query's, and acts for it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(abort_module, "abort_batch", _main_abort_batch)
+        mp.setattr(world_module.World, "datasource", MainDataSource)
+        yield
+
+
+def _main_end_fenced_holders(self: MemoryBackend, sink_id: str | None) -> list[int]:
+    """The mirror of ``locks.end_fenced_holders`` on main: the holder of the sink lock is
+    ended when any superseded run recorded its (pid, backend start), whatever run it
+    holds the lock for now."""
+    if sink_id is None:
+        return []
+    self._call(f"end fenced holders {sink_id}")
+    holder = self.server.advisory.get((self.database, lock_key(sink_id)))
+    if holder is None or holder is self.session:
+        return []
+    for (sink, _), run in self._log.runs.items():
+        if (
+            sink == sink_id
+            and run.superseded_at is not None
+            and run.lock_pid == holder.pid
+            and run.lock_backend_start == holder.backend_start
+        ):
+            self.server.hooks.on_terminate(self.session, holder, sink_id)
+            self.server.end_session(holder, terminated=True)
+            return [holder.pid]
+    return []
+
+
+def _main_unlock_sink(self: MemoryBackend, sink_id: str | None) -> None:
+    """The mirror of ``locks.unlock_sink`` on main: the lock goes, the runs' records of
+    the session as its holder stay."""
+    if self.session.noticed:
+        return
+    self._call(f"unlock {sink_id}")
+    key = lock_key(sink_id)
+    count = self.session.advisory.get(key, 0)
+    if count <= 1:
+        self.session.advisory.pop(key, None)
+        self.session.locked_at.pop(key, None)
+        if self.server.advisory.get((self.database, key)) is self.session:
+            del self.server.advisory[(self.database, key)]
+    else:
+        self.session.advisory[key] = count - 1
+
+
+@contextmanager
+def r2_holder_by_stale_record() -> Iterator[None]:
+    """R2 reverted: a session a fenced run recorded as its lock holder is ended as that
+    run's, even while a kept session serves the new run."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MemoryBackend, "_end_fenced_holders", _main_end_fenced_holders)
+        mp.setattr(MemoryBackend, "unlock_sink", _main_unlock_sink)
         yield
 
 
