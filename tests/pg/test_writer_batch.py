@@ -115,7 +115,9 @@ def test_decisions_carry_their_tables_in_memory_and_in_postgres(
     assert read_decision(b, sink, 2) is None
     assert check_part(b, sink, 2, "r1", "public.a") is PartStart.WRITE
     assert check_part(b, sink, 0, "r2", "public.b") is PartStart.REPLAY
-    assert check_part(b, sink, 1, "r2", "public.c") is PartStart.REPLAY  # unknown: a replay
+    assert check_part(b, sink, 1, "r2", None) is PartStart.REPLAY  # empty again: a replay
+    with pytest.raises(ConfigError, match="decided by an earlier run with no table"):
+        check_part(b, sink, 1, "r2", "public.c")  # no transaction: it wrote no table
     for batch, table in ((0, "public.a"), (1, None), (0, "public.c")):
         with pytest.raises(ConfigError, match="already decided by this very run"):
             check_part(b, sink, batch, "r1", table)

@@ -49,7 +49,6 @@ PATHS = (
     "failover lost a batch Spark committed",  # issue 26: a decision lost, commits/K kept
     "DataLossError after a failover",  # reported by the next commit
     "lost batches re-delivered",  # the operator followed the advice: rewind
-    "lost batches accepted",  # or: recover, forget
     "abort without messages",  # Spark's abort when no task reported
     "restart in the same process",  # a run after one that ended, in its process
     "kept session reused",  # postgres/sessions.py
