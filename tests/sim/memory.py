@@ -10,7 +10,8 @@ semantics copy ``sqlsink/postgres/backend.py``, ``postgres/commit_log.py``,
 run the same scenarios against both.
 
 ``MemoryBackend`` is one session on it. It implements
-``sqlsink.core.backend.TwoPhaseBackend`` and ``sqlsink.core.participant.ParticipantBackend``,
+``sqlsink.core.backend.TwoPhaseBackend``, ``sqlsink.core.participant.ParticipantBackend``
+and ``sqlsink.core.checkpoint_check.CheckpointLedger`` (``postgres/checkpoint_records.py``),
 plus what ``postgres/partition.py`` does on its connection (BEGIN, rows, marker,
 PREPARE, ROLLBACK) and what the CLI and an operator do (``try_sink_lock``,
 ``forget_sink``, a plain ``DELETE``). Every call is one step of the simulation: it
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
 from sqlsink.errors import ConfigError, TransientError
@@ -126,6 +128,10 @@ class RunRow:
     lock_pid: int | None = None
     lock_backend_start: float | None = None
     writer_token: str | None = None
+    # the run's latest checkpoint check (sql/004: checkpoint_* columns of sqlsink.runs)
+    checkpoint_checked_at: float | None = None
+    checkpoint_verdict: Verdict | None = None
+    checkpoint_batch: int | None = None
 
 
 @dataclass
@@ -766,6 +772,37 @@ class MemoryBackend:
         if sink is not None:
             sink.pruned_through = max(sink.pruned_through or -1, max(gone))
         return len(gone)
+
+    # -- the checkpoint check's rows (postgres/checkpoint_records.py) ---------------------
+
+    def run_check(self, sink_id: str, run_id: str) -> RunCheck:
+        """checkpoint_run_check: whether the run has a check recorded; the highest decision."""
+        self._call(f"run check {sink_id} {run_id}")
+        run = self._log.runs.get((sink_id, run_id))
+        checked = run is not None and run.checkpoint_checked_at is not None
+        return RunCheck(checked, self._highest(sink_id))
+
+    def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
+        """checkpoint_coverage: the lowest decision kept, pruned_through, which are decided."""
+        self._call(f"coverage {sink_id}")
+        log = self._log
+        decided = {d.batch_id for d in log.of_sink(sink_id)}
+        sink = log.sinks.get(sink_id)
+        return LogCoverage(
+            min(decided, default=None),
+            None if sink is None else sink.pruned_through,
+            frozenset(b for b in batch_ids if b in decided),
+        )
+
+    def record_check(
+        self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
+    ) -> None:
+        """record_checkpoint_check: an UPDATE of the run's row (none: nothing recorded)."""
+        self._call(f"record check {sink_id} {run_id} batch {batch_id}: {verdict.kind}")
+        run = self._log.runs.get((sink_id, run_id))
+        if run is not None:
+            run.checkpoint_checked_at = self._now()
+            run.checkpoint_verdict, run.checkpoint_batch = verdict, batch_id
 
     # -- a partition's transaction (postgres/partition.py) --------------------------------
 
