@@ -1,6 +1,10 @@
 """One batch of the foreachBatch writer: its DataFrames (parts) are prepared by Spark
 jobs as they are given (``spark/parts.py``); leaving the ``with`` block decides and
-commits them all with the ``Committer``, or aborts them all (docs/DESIGN.md 1.5)."""
+commits them all with the ``Committer``, or aborts them all (docs/DESIGN.md 1.5). A
+block given nothing decides an empty batch. Before the first job (or the empty
+decision) the batch is handed over: batches of the run never handed to the writer are
+decided empty, and a part of a batch already decided is a replay or refused
+(``sqlsink/core/writer_batch.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.model import Decision, PartitionOutcome
+from sqlsink.core.writer_batch import PartStart
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.tablename import TableName
@@ -36,6 +41,8 @@ class Batch:
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
         # the consistent views the batch's parts name: view -> its table (kept at commit)
         self.views: dict[TableName, TableName] = {}
+        self.decision: Decision | None = None  # the batch's decision when it was handed over
+        self.start: PartStart | None = None  # what its parts do (core/writer_batch.py)
 
     def __enter__(self) -> Batch:
         return self
@@ -81,21 +88,16 @@ class Batch:
         if self.parts > MAX_PART:
             raise ConfigError(f"a batch holds at most {MAX_PART + 1} DataFrames")
         writer = self.writer
-        if self.identity is None:
-            from sqlsink.spark.support import is_connect, require_foreach_batch
-
-            if is_connect(df.sparkSession):  # the function runs on the Connect server
-                require_foreach_batch(connect=True)
-            self.identity = writer.identity(df.sparkSession, self.batch_id)
-            self._check_writer()
+        identity = self._hand_over(df.sparkSession)
         options = writer.sink_options(
             table,
             mode=mode,
             key=key,
             delete_column=delete_column,
-            checkpoint=self.identity.checkpoint,
+            checkpoint=identity.checkpoint,
             view=view,
         )
+        self._judge(str(options.table))  # a second write, or a replay: before any job
         self._add_view(options)
         if self.first_options is None:
             self.first_options = options
@@ -121,7 +123,7 @@ class Batch:
                 df = by_key(df, target.key, options, count)
         self.planned += check_slots(count, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
-        written = prepare_part(df, options, target, self.identity, self.batch_id, part)
+        written = prepare_part(df, options, target, identity, self.batch_id, part)
         self.outcomes += written
         self._check_key_ranges(written)
 
@@ -148,10 +150,31 @@ class Batch:
             log.warning(trap_warning(self.writer.sink_id, self.batch_id, *found))
             self.writer.trap_warned = True
 
-    def _check_writer(self) -> None:
-        """Binding and forward-only checks before any job: a clear error, nothing written."""
+    def _hand_over(self, session: Any) -> Identity:
+        """Once per batch, before its first job or its empty decision: who writes it,
+        the binding and forward-only checks, this batch's decision as it stands, and the
+        batches this run never handed to the writer (decided empty, with a warning)."""
+        if self.identity is not None:
+            return self.identity
+        from sqlsink.spark.foreach_batch import HANDED
+        from sqlsink.spark.support import is_connect, require_foreach_batch
+
+        if session is not None and is_connect(session):  # the function runs on Connect
+            require_foreach_batch(connect=True)
+        identity = self.writer.identity(session, self.batch_id)
+        gap = HANDED.hand(self.writer.sink_id, identity.run_id, self.batch_id)
+        self.identity = identity
+        self.decision = self._check_writer()
+        if gap:
+            self._fill_gap(gap, identity)
+        return identity
+
+    def _check_writer(self) -> Decision | None:
+        """Binding and forward-only checks before any job: a clear error, nothing written.
+        Returns the batch's decision, if it has one."""
         from sqlsink.core.admission import check_binding, check_forward
         from sqlsink.core.model import Binding
+        from sqlsink.core.writer_batch import read_decision
         from sqlsink.spark.plan import CommitterSession
 
         assert self.identity is not None
@@ -169,6 +192,53 @@ class Batch:
                 sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
             )
             check_forward(sink_id, self.batch_id, highest)
+            return read_decision(backend, sink_id, self.batch_id)
+
+    def _judge(self, table: str | None) -> PartStart:
+        """A part of ``table`` (None: the empty batch) against the batch's decision."""
+        from sqlsink.core.writer_batch import judge_part
+
+        assert self.identity is not None
+        self.start = judge_part(
+            self.writer.sink_id, self.batch_id, self.identity.run_id, table, self.decision
+        )
+        return self.start
+
+    def _fill_gap(self, gap: range, identity: Identity) -> None:
+        """Spark ran the batches of ``gap`` in this run without the function handing them
+        to the writer: decide them empty before this batch (core/writer_batch.py)."""
+        from sqlsink.core.writer_batch import fill_gap, gap_warning
+        from sqlsink.spark.plan import CommitterSession
+
+        sink_id = self.writer.sink_id
+        options = self.writer.sink_options("public.sqlsink_probe", checkpoint=identity.checkpoint)
+        checked = identity.checkpoint is not None
+        with CommitterSession(
+            options, sink_id, check_checkpoint=checked, tables=[], views=[]
+        ) as committer:
+            filled = fill_gap(committer, gap, query_id=identity.query_id, run_id=identity.run_id)
+        log.warning(gap_warning(sink_id, identity.run_id, gap, filled, self.batch_id))
+
+    def _decide_empty(self) -> None:
+        """Nothing was given (no exception): an empty batch, through the same checks and
+        the committer; the identity from the active session, as no DataFrame named one."""
+        from pyspark.sql import SparkSession
+
+        from sqlsink.core.writer_batch import decide_empty
+        from sqlsink.spark.plan import CommitterSession
+
+        identity = self._hand_over(SparkSession.getActiveSession())
+        if self._judge(None) is PartStart.REPLAY:
+            return
+        sink_id = self.writer.sink_id
+        options = self.writer.sink_options("public.sqlsink_probe", checkpoint=identity.checkpoint)
+        checked = identity.checkpoint is not None
+        with CommitterSession(
+            options, sink_id, check_checkpoint=checked, tables=[], views=[]
+        ) as committer:
+            decide_empty(
+                committer, self.batch_id, query_id=identity.query_id, run_id=identity.run_id
+            )
 
     def __exit__(
         self,
@@ -177,7 +247,9 @@ class Batch:
         tb: TracebackType | None,
     ) -> None:
         if self.identity is None or self.first_options is None:
-            return  # nothing was given: nothing prepared, nothing to decide
+            if exc is None:  # nothing was given: an empty batch
+                self._decide_empty()
+            return  # nothing prepared
         if exc is None:
             self._commit(self.first_options, self.identity)
         else:
@@ -198,6 +270,8 @@ class Batch:
                 views=list(self.views.items()),
             )
             with session as committer:
+                if self.start is PartStart.WRITE and any(o and o.skipped for o in self.outcomes):
+                    self._decided_meanwhile(committer.backend)
                 committer.commit_batch(
                     self.batch_id,
                     self.outcomes,
@@ -216,6 +290,16 @@ class Batch:
         except BaseException:
             self._abort(options, identity)
             raise
+
+    def _decided_meanwhile(self, backend: Any) -> None:
+        """Tasks found the batch decided, which it was not when it was handed over:
+        another hand-over of it (another writer object of the sink, on another thread)
+        decided it meanwhile. The rule again, on the decision as it is now."""
+        from sqlsink.core.writer_batch import check_part
+
+        assert self.identity is not None
+        for table in self.tables:
+            check_part(backend, self.writer.sink_id, self.batch_id, self.identity.run_id, table)
 
     def _abort(self, options: SinkOptions, identity: Identity) -> None:
         from sqlsink.spark.plan import CommitterSession

@@ -10,6 +10,26 @@
 
     writer.to("public.orders", view="public.orders_whole")  # readers: whole batches only
 
+    def write(batch_df, batch_id):                  # a batch with nothing for the sink
+        if batch_df.isEmpty():
+            writer.skip(batch_id)                   # or an empty `with writer.batch(...)`
+            return
+        ...
+
+Every batch is handed to the writer exactly once: all DataFrames of a batch in one
+``with writer.batch(batch_id)`` block (one decision for all), and a batch with nothing
+for the sink through ``writer.skip(batch_id)`` or a block given nothing (an empty
+decision). A second hand-over of a batch id by the same run (two ``to()`` calls, two
+blocks, two writer objects with one ``sink_id``) finds the batch decided and would be
+skipped like Spark's replay, so it is refused with a ``ConfigError`` before anything of
+it is written; so is a replay that names a table the batch's decision lacks. A replay by
+a new run (a restart) of a decided batch writes nothing, as before. Batches a run never
+hands to the writer (the function returned early) are found when it hands a later one:
+they are decided empty, with a warning, before it; a run's last batch not handed before
+the query stops is seen by nobody (the restart's checkpoint check stops on it; skip it
+with ``writer.skip`` from a writer with ``checkpoint_location=``, the query stopped).
+The rules are ``sqlsink/core/writer_batch.py``'s.
+
 Each DataFrame of a batch (a *part*) is written by one Spark job: ``mapInArrow``
 runs the partition writer (``sqlsink.postgres.partition.write_partition``) in
 every task, which prepares one transaction whose gid carries the part index, and
@@ -47,6 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlsink.core.writer_batch import HandedBatches
 from sqlsink.errors import ConfigError
 from sqlsink.options import SinkOptions, checkpoint_query_id
 
@@ -58,6 +79,10 @@ log = logging.getLogger("sqlsink")
 _QUERY_ID = "sql.streaming.queryId"
 _BATCH_ID = "streaming.sql.batchId"
 _RUN_ID = "spark.jobGroup.id"  # a streaming query's run id, set on its micro-batch thread
+
+# the last batch each run handed to a writer of each sink in this process: every writer
+# object of a sink adds to it, so that none decides empty a batch another one was handed
+HANDED = HandedBatches()
 
 
 @dataclass(frozen=True)
@@ -191,10 +216,21 @@ class ForeachBatchWriter:
         return write
 
     def batch(self, batch_id: int) -> Batch:
-        """A context in which several DataFrames form one batch: one decision for all."""
+        """A context in which several DataFrames form one batch: one decision for all. A
+        block given nothing decides an empty batch (as ``skip``)."""
         from sqlsink.spark.batch import Batch
 
         return Batch(self, int(batch_id))
+
+    def skip(self, batch_id: int) -> None:
+        """The batch has nothing for this sink: decide it empty (no rows, no transaction),
+        with the same checks as a batch with rows. Inside foreachBatch, for a batch the
+        function does not write (``if batch_df.isEmpty(): writer.skip(batch_id)``);
+        outside the stream, for a batch Spark committed that the function did not hand
+        over before the query stopped (the query stopped, ``checkpoint_location=`` given:
+        the restart's checkpoint check then finds it decided)."""
+        with self.batch(batch_id):
+            pass
 
     def identity(self, session: Any, batch_id: int) -> Identity:
         """The query, run and checkpoint of this batch; refuses rather than guesses."""

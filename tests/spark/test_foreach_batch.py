@@ -82,15 +82,18 @@ def test_direct_calls_with_a_given_query_id_replay_once(
     write = writer.to(table)
     df = spark.range(0, 25).repartition(3)
     write(df, 0)
-    write(df, 0)  # the same batch id again: a replay
+    with pytest.raises(ConfigError, match="batch 0 was already decided by this very run"):
+        write(df, 0)  # the same batch id again, same run: a second write, not a replay
     write(spark.range(25, 30), 1)
+    again = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=writer.sink_id, query_id="given-query")
+    again.to(table)(spark.range(25, 30), 1)  # another writer object, another run: a replay
     assert table_ids(pg_url, table) == list(range(30))
     assert sink_prepared(pg_server) == []
     with psycopg.connect(pg_url) as conn:
         runs = conn.execute(
             "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s", (writer.sink_id,)
         ).fetchall()
-    assert runs == [(writer.process_run_id,)]
+    assert sorted(runs) == sorted([(writer.process_run_id,), (again.process_run_id,)])
     with pytest.raises(Exception, match="already decided"):  # forward only: 0 is behind 1
         write(spark.range(100, 105), 0)
 
@@ -401,5 +404,8 @@ def test_the_weaker_semantics_through_the_writer_commit_each_partition_alone(
     assert table_ids(pg_url, table) == list(range(50))
     assert sink_prepared(pg_server) == []
     assert decided_batches(pg_url, writer.sink_id) == {0: True}
-    writer.to(table)(frame, 0)  # the same batch id again: decided, skipped
+    again = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=writer.sink_id, query_id="q-weak", semantic=semantic
+    )
+    again.to(table)(frame, 0)  # the same batch id again, a new run: decided, skipped
     assert table_ids(pg_url, table) == list(range(50))
