@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 DEFAULT_STEPS = 150_000
-API_EXAMPLES = 200  # the writer's state machine: examples of the default run
+API_EXAMPLES = 150  # the writer's state machine: examples of the default run
 API_STEPS = 40  # and steps per example
 
 _REPORT = pytest.StashKey[list[str]]()

@@ -42,27 +42,41 @@ from tests.sim.writer_model import (
     failing,
 )
 
+Drawn = tuple[str, int, tuple[str, ...], "tuple[int, Drawn] | None"]
 
-def _numbered(calls: list[tuple[str, int, tuple[str, ...]]]) -> Function:
+
+def _numbered(calls: list[Drawn]) -> Function:
     """Each table's DataFrames numbered in the order the function hands them."""
     seen: dict[str, int] = {}
-    made = []
-    for kind, writer, tables in calls:
-        frames = []
-        for table in tables:
-            frames.append(Frame(table, seen.get(table, 0)))
-            seen[table] = seen.get(table, 0) + 1
-        made.append(Call(kind, writer, tuple(frames)))
-    return Function(tuple(made))
+
+    def made(drawn: Drawn) -> Call:
+        kind, writer, tables, inner = drawn
+        frames, nested, at = [], None, 0
+        for index, table in enumerate((*tables, None)):
+            if inner is not None and inner[0] == index:
+                at, nested = index, made(inner[1])
+            if table is not None:
+                frames.append(Frame(table, seen.get(table, 0)))
+                seen[table] = seen.get(table, 0) + 1
+        return Call(kind, writer, tuple(frames), nested, at)
+
+    return Function(tuple(made(c) for c in calls))
 
 
 WRITERS = st.sampled_from([0, 1])
 TABLE = st.sampled_from(TABLES)
-CALL = st.one_of(
-    st.tuples(st.just("to"), WRITERS, st.tuples(TABLE)),
-    st.tuples(st.just("block"), WRITERS, st.lists(TABLE, max_size=3).map(tuple)),
-    st.tuples(st.just("skip"), WRITERS, st.just(())),
+SIMPLE = st.one_of(
+    st.tuples(st.just("to"), WRITERS, st.tuples(TABLE), st.none()),
+    st.tuples(st.just("block"), WRITERS, st.lists(TABLE, max_size=3).map(tuple), st.none()),
+    st.tuples(st.just("skip"), WRITERS, st.just(()), st.none()),
 )
+NESTED = st.tuples(  # a block that makes another call inside it, after some of its parts
+    st.just("block"),
+    WRITERS,
+    st.lists(TABLE, min_size=1, max_size=2).map(tuple),
+    st.tuples(st.integers(0, 2), SIMPLE),
+)
+CALL = st.one_of(SIMPLE, SIMPLE, SIMPLE, NESTED)
 # mostly one call per batch (what the API asks for); at times none (returns early), or two
 # (a second hand-over of the batch: refused, and its restarts too, until the code changes)
 ONE_CALL = st.lists(CALL, min_size=1, max_size=1)
@@ -115,23 +129,26 @@ class WriterMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.world.run is not None)
     @rule(
-        function=FUNCTIONS,
-        records=st.integers(0, 3),
+        data=st.data(),
         partitions=st.integers(1, 3),
         fault=FAULTS,
         then=st.sampled_from(["go on", "go on", "go on", "stop", "recover"]),
     )
-    def batch(
-        self, function: Function, records: int, partitions: int, fault: Fault, then: str
-    ) -> None:
-        """Spark runs a batch and calls the function (``function`` and ``records`` are
-        used for a batch planned now; a re-run has its own); then the query goes on, is
-        stopped, or sqlsink recover runs (the clock past runTimeout) while it goes on."""
-        self.world.run_batch(function, records, partitions, fault)
-        if then == "stop" and self.world.run is not None:
-            self.world.end_run("stopped")
+    def batch(self, data: st.DataObject, partitions: int, fault: Fault, then: str) -> None:
+        """Spark runs a batch and calls the function: for a batch planned now, its
+        records and what the function does with them are drawn (a re-run has its own);
+        then the query goes on, is stopped, or sqlsink recover runs (the clock past
+        runTimeout) while it goes on."""
+        world = self.world
+        function, records = Function(()), 0
+        if world.next_batch() not in world.offsets:
+            function = data.draw(FUNCTIONS, label="function")
+            records = data.draw(st.integers(0, 3), label="records")
+        world.run_batch(function, records, partitions, fault)
+        if then == "stop" and world.run is not None:
+            world.end_run("stopped")
         elif then == "recover":
-            self.world.recover()
+            world.recover()
 
     @precondition(lambda self: self.world.run is None and bool(self.world.stuck()))
     @rule()
