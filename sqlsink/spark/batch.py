@@ -192,6 +192,8 @@ class Batch:
                 sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
             )
             check_forward(sink_id, self.batch_id, highest)
+            if highest is None or self.batch_id > highest:
+                return None  # a stream's next batch: no decision, nothing to read
             return read_decision(backend, sink_id, self.batch_id)
 
     def _judge(self, table: str | None) -> PartStart:
