@@ -16,7 +16,8 @@ uses, as ``postgres/sessions.py`` keeps one (``MemoryBackend.keep`` and ``take_b
 ``DISCARD ALL``, then the next use names it; the server ends one idle for 60 s).
 
 ``MemoryBackend`` is one session on it. It implements
-``sqlsink.core.backend.TwoPhaseBackend`` and ``sqlsink.core.participant.ParticipantBackend``,
+``sqlsink.core.backend.TwoPhaseBackend``, ``sqlsink.core.participant.ParticipantBackend``
+and ``sqlsink.core.checkpoint_check.CheckpointLedger`` (``postgres/checkpoint_records.py``),
 plus what ``postgres/partition.py`` does on its connection (BEGIN, rows, marker,
 PREPARE, ROLLBACK) and what the CLI and an operator do (``try_sink_lock``,
 ``forget_sink``, a plain ``DELETE``). Every call is one step of the simulation: it
@@ -884,6 +885,8 @@ class MemoryBackend:
         if sink is not None:
             sink.pruned_through = max(sink.pruned_through or -1, max(gone))
         return len(gone)
+
+    # -- the checkpoint check's rows (postgres/checkpoint_records.py) ---------------------
 
     # -- a partition's transaction (postgres/partition.py) --------------------------------
 

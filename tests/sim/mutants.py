@@ -1,4 +1,5 @@
-"""Fixes, each reverted: what ``test_finds_reverted_fixes`` runs the simulation on.
+"""Fixes, each reverted: what ``test_finds_reverted_fixes`` runs the simulation on, and
+``test_writer_api`` runs the writer's state machine on (issue 26's F1, C2).
 
 Each mutant is a context manager that patches the fix out of the core (item 1: out
 of the in-memory commit log's schema, where that fix lives) and restores it on exit.
@@ -23,12 +24,21 @@ from sqlsink.core import abort as abort_module
 from sqlsink.core import admission as admission_module
 from sqlsink.core import committer as committer_module
 from sqlsink.core import participant as participant_module
+from sqlsink.core import writer_batch as writer_batch_module
 from sqlsink.core.admission import check_binding, check_forward, refuses
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Binding, Fate, PartitionOutcome, ResolutionReport, TaskState
+from sqlsink.core.model import (
+    Binding,
+    Decision,
+    Fate,
+    PartitionOutcome,
+    ResolutionReport,
+    TaskState,
+)
 from sqlsink.core.participant import Participant, Start
 from sqlsink.core.resolution import Scope
+from sqlsink.core.writer_batch import PartStart
 from tests.sim import world as world_module
 from tests.sim.memory import MemoryBackend, lock_key
 
@@ -338,6 +348,42 @@ def r2_holder_by_stale_record() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MemoryBackend, "_end_fenced_holders", _main_end_fenced_holders)
         mp.setattr(MemoryBackend, "unlock_sink", _main_unlock_sink)
+        yield
+
+
+@contextmanager
+def f1_replay_whenever_decided() -> Iterator[None]:
+    """Issue 26 F1 reverted: a part of a decided batch is a replay, whichever run decided
+    it and with whichever tables. 89cb7f8's writer ran the part's job anyway; its tasks
+    found the batch decided and skipped, and the commit found the decision and returned."""
+
+    def judge_part(
+        sink_id: str, batch_id: int, run_id: str, table: str | None, decision: Decision | None
+    ) -> PartStart:
+        return PartStart.WRITE if decision is None else PartStart.REPLAY
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(writer_batch_module, "judge_part", judge_part)
+        yield
+
+
+@contextmanager
+def c2_unhanded_batches_undecided() -> Iterator[None]:
+    """Issue 26 C2 reverted: batches a run never handed to the writer stay undecided (no
+    gap filled), and a block given nothing decides nothing (89cb7f8's ``Batch.__exit__``
+    returned; ``skip`` is such a block)."""
+
+    def fill_gap(committer: Committer, gap: range, *, query_id: str | None, run_id: str) -> range:
+        return range(0)
+
+    def decide_empty(
+        committer: Committer, batch_id: int, *, query_id: str | None, run_id: str
+    ) -> ResolutionReport | None:
+        return None
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(writer_batch_module, "fill_gap", fill_gap)
+        mp.setattr(writer_batch_module, "decide_empty", decide_empty)
         yield
 
 
