@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 
 from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome, ResolutionReport, TaskIdentity
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
@@ -153,3 +154,22 @@ def keyed(pg_url: str, table: str) -> str:
     """The test's table, with a primary key on ``id``."""
     make_table(pg_url, table)
     return table
+
+
+def prepare_by_hand(pg_url: str, table: str, gid: Gid, ids: range) -> str:
+    """A partition transaction as a task leaves it (rows, marker, PREPARE)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        with (
+            conn.cursor() as cur,
+            cur.copy(sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))) as copy,
+        ):
+            for i in ids:
+                copy.write_row((i,))
+        conn.execute(
+            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (str(gid), gid.sink_id, gid.batch_id, gid.partition_id, len(ids)),
+        )
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
+    return str(gid)

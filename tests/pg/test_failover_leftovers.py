@@ -24,7 +24,7 @@ from sqlsink.core.checkpoint_check import CheckpointMode, CheckpointPolicy
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PartitionOutcome, ResolutionReport
 from sqlsink.errors import DataLossError
-from tests.pg.protocol import Writer, ids_of, prepared_of
+from tests.pg.protocol import Writer, ids_of, prepare_by_hand, prepared_of
 from tests.pg.test_checkpoint_check import (
     QUERY,
     checked,
@@ -217,25 +217,6 @@ def test_without_a_readable_checkpoint_the_commit_itself_reports_the_lost_batch(
     again = new_run(old)
     commit_unchecked(again, 3, [again.write(3, BATCH_ROWS[3])])
     assert_whole(pg_url, keyed, sink, 3)
-
-
-def prepare_by_hand(pg_url: str, table: str, gid: Gid, ids: range) -> str:
-    """A partition transaction as a task leaves it (rows, marker, PREPARE)."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        with (
-            conn.cursor() as cur,
-            cur.copy(sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))) as copy,
-        ):
-            for i in ids:
-                copy.write_row((i,))
-        conn.execute(
-            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
-            "VALUES (%s, %s, %s, %s, %s)",
-            (str(gid), gid.sink_id, gid.batch_id, gid.partition_id, len(ids)),
-        )
-        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(gid))))
-    return str(gid)
 
 
 def test_commit_lost_refuses_what_it_cannot_prove(

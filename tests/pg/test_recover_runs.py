@@ -12,12 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from sqlsink.core.gid import Gid
 from sqlsink.errors import CommitError, FencedError
 from sqlsink.postgres import locks, run_registry
-from tests.pg.protocol import Writer, ids_of, prepared_of
+from tests.pg.protocol import Writer, ids_of, prepare_by_hand, prepared_of
 from tests.pg.test_cli import sqlsink
 
 RUN_TIMEOUT_1S = {"runTimeout": "1s"}
@@ -26,22 +25,7 @@ RUN_TIMEOUT_1S = {"runTimeout": "1s"}
 def late_gid(url: str, table: str, sink: str, batch: int, run: str, ids: range) -> str:
     """A task of ``run`` that prepared and died before its own check after PREPARE (the
     check that rolls back a fenced run's or an aborted batch's attempt)."""
-    gid = str(Gid(sink, batch, 9, run, 900 + batch))
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        with (
-            conn.cursor() as cur,
-            cur.copy(sql.SQL("COPY {} (id) FROM STDIN").format(sql.Identifier(table))) as copy,
-        ):
-            for i in ids:
-                copy.write_row((i,))
-        conn.execute(
-            "INSERT INTO sqlsink.markers (gid, sink_id, batch_id, partition_id, rows) "
-            "VALUES (%s, %s, %s, 9, %s)",
-            (gid, sink, batch, len(ids)),
-        )
-        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-    return gid
+    return prepare_by_hand(url, table, Gid(sink, batch, 9, run, 900 + batch), ids)
 
 
 def runs_of(url: str, sink: str) -> dict[str, run_registry.RunInfo]:
