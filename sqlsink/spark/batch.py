@@ -22,6 +22,7 @@ from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
     from sqlsink.spark.foreach_batch import ForeachBatchWriter, Identity
+    from sqlsink.spark.plan import CommitterSession
 
 log = logging.getLogger("sqlsink")
 
@@ -44,6 +45,9 @@ class Batch:
         self.decision: Decision | None = None  # the batch's decision when it was handed over
         self.start: PartStart | None = None  # what its parts do (core/writer_batch.py)
         self.handed_before = False  # this run handed this batch over before, in this process
+        # whether the batch runs inside the stream's foreachBatch (``_in_stream``), as the
+        # hand-over found it
+        self.in_stream = False
 
     def __enter__(self) -> Batch:
         return self
@@ -174,7 +178,7 @@ class Batch:
         sink_id = self.writer.sink_id
         # a stream's run hands its batches in order, once each; an operator's writer
         # outside the stream (writer.skip) is neither counted nor judged so
-        in_stream = _in_stream(session, self.batch_id)
+        self.in_stream = in_stream = _in_stream(session, self.batch_id)
         self.handed_before = in_stream and HANDED.handed(sink_id, identity.run_id, self.batch_id)
         self.identity = identity
         self.decision = self._check_writer()
@@ -230,16 +234,10 @@ class Batch:
         """Spark ran the batches of ``gap`` in this run without the function handing them
         to the writer: decide them empty before this batch (core/writer_batch.py)."""
         from sqlsink.core.writer_batch import fill_gap, gap_warning
-        from sqlsink.spark.plan import CommitterSession
 
-        sink_id = self.writer.sink_id
-        options = self.writer.sink_options("public.sqlsink_probe", checkpoint=identity.checkpoint)
-        checked = identity.checkpoint is not None
-        with CommitterSession(
-            options, sink_id, check_checkpoint=checked, tables=[], views=[]
-        ) as committer:
+        with self._empty_committer(identity) as committer:
             filled = fill_gap(committer, gap, query_id=identity.query_id, run_id=identity.run_id)
-        log.warning(gap_warning(sink_id, identity.run_id, gap, filled, self.batch_id))
+        log.warning(gap_warning(self.writer.sink_id, identity.run_id, gap, filled, self.batch_id))
 
     def _decide_empty(self) -> None:
         """Nothing was given (no exception): an empty batch, through the same checks and
@@ -247,23 +245,29 @@ class Batch:
         from pyspark.sql import SparkSession
 
         from sqlsink.core.writer_batch import decide_empty
-        from sqlsink.spark.plan import CommitterSession
 
-        session = SparkSession.getActiveSession()
-        identity = self._hand_over(session)
+        identity = self._hand_over(SparkSession.getActiveSession())
         if self._judge(None) is PartStart.REPLAY:
             return
-        sink_id = self.writer.sink_id
-        options = self.writer.sink_options("public.sqlsink_probe", checkpoint=identity.checkpoint)
-        checked = identity.checkpoint is not None
-        with CommitterSession(
-            options, sink_id, check_checkpoint=checked, tables=[], views=[]
-        ) as committer:
-            if not _in_stream(session, self.batch_id):
-                _check_outside(committer.backend, sink_id, self.batch_id, identity.checkpoint)
+        with self._empty_committer(identity) as committer:
+            if not self.in_stream:
+                _check_outside(
+                    committer.backend, self.writer.sink_id, self.batch_id, identity.checkpoint
+                )
             decide_empty(
                 committer, self.batch_id, query_id=identity.query_id, run_id=identity.run_id
             )
+
+    def _empty_committer(self, identity: Identity) -> CommitterSession:
+        """The committer of empty decisions (a gap's batches, an empty batch): no table,
+        no view, the run's checkpoint checked when it has one."""
+        from sqlsink.spark.plan import CommitterSession
+
+        options = self.writer.sink_options("public.sqlsink_probe", checkpoint=identity.checkpoint)
+        checked = identity.checkpoint is not None
+        return CommitterSession(
+            options, self.writer.sink_id, check_checkpoint=checked, tables=[], views=[]
+        )
 
     def __exit__(
         self,
@@ -323,11 +327,13 @@ class Batch:
         """Tasks found the batch decided, which it was not when it was handed over:
         another hand-over of it (another writer object of the sink, on another thread)
         decided it meanwhile. The rule again, on the decision as it is now."""
-        from sqlsink.core.writer_batch import check_part
+        from sqlsink.core.writer_batch import judge_part, read_decision
 
         assert self.identity is not None
+        sink_id, run_id = self.writer.sink_id, self.identity.run_id
+        decision = read_decision(backend, sink_id, self.batch_id)  # once, for every table
         for table in self.tables:
-            check_part(backend, self.writer.sink_id, self.batch_id, self.identity.run_id, table)
+            judge_part(sink_id, self.batch_id, run_id, table, decision)
 
     def _abort(self, options: SinkOptions, identity: Identity) -> None:
         from sqlsink.spark.plan import CommitterSession
