@@ -7,14 +7,18 @@ A run registers at each task's start and at its commit. A batch of several DataF
 anything between two parts: nothing of the sink would register, and once runTimeout
 passed ``sqlsink recover`` would take the run for dead and roll part 0 back. So while a
 ``Batch`` is open a driver thread registers the run every ``runTimeout / 3`` (at least
-``MIN_INTERVAL_S``), and at once before each part's job.
+``MIN_INTERVAL_S``), and at once before each part's job but the first: part 0's tasks
+register the run themselves as they start, so a batch of one part (the common case)
+costs no registration of its own unless its block stays open for an interval.
 
 Bounded: each registration is a connection (``connect_timeout``), the sink's
 ``lockTimeout`` and the write bound of ``PostgresBackend``; the thread is a daemon (it
 never outlives the process), ends when the block exits, when the ``Batch`` is dropped
 without exiting, or when the run was fenced or refused (the batch's tasks and commit say
-so themselves). A failed registration is logged and tried again at the next beat. Nothing
-here imports Spark.
+so themselves). The block's exit waits for a registration in progress at most
+``JOIN_S``; one still running then finishes on its own, within those bounds (it
+registers the run, as the commit does next). A failed registration is logged and tried
+again at the next beat. Nothing here imports Spark.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ log = logging.getLogger("sqlsink")
 # a registration writes the heartbeat only when it is older than a second (register_run):
 # beats further apart than that each write it, so it is never older than the interval
 MIN_INTERVAL_S = 1.1
-JOIN_S = 5.0  # at the block's exit: how long to wait for a registration in progress
+JOIN_S = 0.05  # at the block's exit: how long to wait for a registration in progress
 
 
 class Heartbeat:
@@ -57,8 +61,8 @@ class Heartbeat:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> Heartbeat:
-        """Start the thread; it registers the run at once."""
-        self._now.set()
+        """Start the thread; it registers the run once an interval has passed (or when
+        nudged), not at once."""
         self._thread = threading.Thread(
             target=self._run, name=f"sqlsink heartbeat {self.sink_id}", daemon=True
         )
@@ -75,7 +79,7 @@ class Heartbeat:
         self._now.set()
 
     def stop(self) -> None:
-        """``halt``, then wait (bounded) for a registration in progress."""
+        """``halt``, then wait at most ``JOIN_S`` for a registration in progress."""
         self.halt()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -134,8 +138,9 @@ _open_lock = threading.Lock()
 def before_job(
     batch: object, options: SinkOptions, sink_id: str, run_id: str, query_id: str | None
 ) -> Heartbeat:
-    """Before each part's job of ``batch``: register the run now, and keep registering it
-    from a driver thread until ``end(batch)``."""
+    """Before each part's job of ``batch``: register the run from a driver thread every
+    interval until ``end(batch)``, and now before every part but the first (whose tasks
+    register it as they start)."""
     with _open_lock:
         heartbeat = _open.get(batch)
         if heartbeat is not None:

@@ -210,19 +210,21 @@ def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 10) ->
 def test_the_heartbeat_ends_with_its_block_with_its_batch_and_with_its_run(
     pg_url: str, keyed: str, sink: str
 ) -> None:
-    """Registered at once and at each part (``before_job``), every runTimeout / 3 between;
-    it ends at the block's exit (``end``), when the batch is dropped without exiting, and
-    by itself when its run is fenced (``sqlsink recover --force``)."""
+    """Registered every runTimeout / 3 while the block is open and at each part after the
+    first (``before_job``); it ends at the block's exit (``end``), when the batch is
+    dropped without exiting, and by itself when its run is fenced (``sqlsink recover
+    --force``)."""
     writer = Writer(pg_url, keyed, sink, query_id="q", extra={"runTimeout": "1s"})
     block = Batchlike()
     beating = heartbeat.before_job(block, writer.options, sink, writer.run, "q")
     assert beating.interval_s == heartbeat.MIN_INTERVAL_S  # runTimeout / 3, at least that
-    wait_until(lambda: beating.beats >= 2, "two beats")  # at once, then every interval
+    wait_until(lambda: beating.beats >= 2, "two beats")  # every interval
     info = run_of(pg_url, sink, writer.run)
     assert info.live and info.run_timeout_s == 1 and info.heartbeat_age_s < 1
     assert heartbeat.before_job(block, writer.options, sink, writer.run, "q") is beating
     heartbeat.end(block)
-    assert not beating.running and beating.ended_by is None
+    wait_until(lambda: not beating.running, "the heartbeat ends with its block")
+    assert beating.ended_by is None
 
     dropped = Batchlike()
     orphan = heartbeat.before_job(dropped, writer.options, sink, writer.run, "q")
@@ -238,6 +240,53 @@ def test_the_heartbeat_ends_with_its_block_with_its_batch_and_with_its_run(
     wait_until(lambda: not fenced.running, "the fenced run's heartbeat ends")
     assert fenced.ended_by is not None and "operator" in fenced.ended_by
     fenced.stop()
+
+
+def test_a_one_part_batch_pays_no_beat_and_its_exit_never_waits_on_one(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Part 0's tasks register the run themselves: the heartbeat's first beat comes an
+    interval after part 0 starts, or at once before part 1. So a one-part block shorter
+    than the interval registers nothing of its own, and the block's exit returns at once
+    even while a beat is in progress (here one waiting on the sink's row lock): the beat
+    finishes on its own."""
+    writer = Writer(pg_url, keyed, sink, query_id="q", extra={"runTimeout": "30s"})
+    one_part = Batchlike()
+    beating = heartbeat.before_job(one_part, writer.options, sink, writer.run, "q")
+    writer.commit(0, [write_part(writer, 0, range(3), 0, 0)])  # part 0's task and commit
+    time.sleep(0.3)
+    started = time.monotonic()
+    heartbeat.end(one_part)
+    exit_s = time.monotonic() - started
+    print(f"one part: {beating.beats} beats, block exit {exit_s * 1000:.1f} ms")
+    assert beating.beats == 0 and exit_s < 0.5
+    wait_until(lambda: not beating.running, "the heartbeat ends with its block")
+
+    two_parts = Batchlike()
+    beating = heartbeat.before_job(two_parts, writer.options, sink, writer.run, "q")
+    with psycopg.connect(pg_url) as holder:  # holds the row every registration locks
+        holder.execute("SELECT 1 FROM sqlsink.sinks WHERE sink_id = %s FOR UPDATE", (sink,))
+        assert heartbeat.before_job(two_parts, writer.options, sink, writer.run, "q") is beating
+        wait_until(lambda: waiting_on_the_sink_row(pg_url, sink), "part 1's beat waits")
+        started = time.monotonic()
+        heartbeat.end(two_parts)
+        exit_s = time.monotonic() - started
+        print(f"a beat in progress: block exit {exit_s * 1000:.1f} ms")
+        assert exit_s < 0.5 and beating.running and beating.beats == 0
+    wait_until(lambda: not beating.running, "the beat finishes on its own")
+    assert beating.beats == 1 and beating.ended_by is None
+    assert ids_of(pg_url, keyed) == [0, 1, 2] and prepared_of(pg_url, sink) == []
+
+
+def waiting_on_the_sink_row(url: str, sink: str) -> bool:
+    """Whether the heartbeat's registration of ``sink`` waits on a lock."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND application_name = %s",
+            (f"sqlsink {sink} heartbeat",),
+        ).fetchone()
+    return row is not None and int(row[0]) > 0
 
 
 class Batchlike:
