@@ -121,7 +121,10 @@ def mark_aborted(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> 
 # when it prepares (docs/DESIGN.md invariant 10). A gid's fields are split on '_', which
 # neither a sink id nor a run id holds (core/gid.py); its shape is checked as Gid.parse
 # does, so that a foreign transaction named alike counts for no run. One statement, so
-# that recovery, forget and the CLI judge alike.
+# that recovery, forget and the CLI judge alike. The batch intervals come from one pass
+# over the decisions (the sink's, which retention bounds), not one per row of
+# sqlsink.runs, which is never pruned: a run's last three gaps are those between its
+# four newest decisions.
 _ID = "[A-Za-z0-9][A-Za-z0-9-]{0,63}"  # a sink id, a run id
 _NUMBER = "(0|[1-9][0-9]{0,18})"
 _GID_SHAPE = f"^sqlsink_{_ID}_{_NUMBER}_{_NUMBER}_{_ID}_{_NUMBER}(_p[1-9][0-9]{{0,2}})?$"
@@ -135,14 +138,18 @@ SELECT r.sink_id, r.run_id, r.first_seen, h.heard_at AS heartbeat_at,
        (r.superseded_at IS NULL AND r.aborted_batch IS NULL
         AND h.heard_at > clock_timestamp() - t.timeout) AS live
 FROM sqlsink.runs r
-CROSS JOIN LATERAL (
-    SELECT max(gap) AS batch_interval FROM (
-        SELECT decided_at - lag(decided_at) OVER (ORDER BY batch_id) AS gap
-        FROM (SELECT batch_id, decided_at FROM sqlsink.decisions d
-              WHERE d.sink_id = r.sink_id AND d.run_id = r.run_id
-              ORDER BY batch_id DESC LIMIT 4) AS recent
+LEFT JOIN (
+    SELECT sink_id, run_id, max(gap) AS batch_interval FROM (
+        SELECT d.sink_id, d.run_id,
+               d.decided_at - lag(d.decided_at) OVER (of_run ORDER BY d.batch_id) AS gap,
+               row_number() OVER (of_run ORDER BY d.batch_id DESC) AS newest
+        FROM sqlsink.decisions d
+        WHERE (%(sink)s::text IS NULL OR d.sink_id = %(sink)s::text)
+        WINDOW of_run AS (PARTITION BY d.sink_id, d.run_id)
     ) AS gaps
-) AS g
+    WHERE newest <= 3
+    GROUP BY 1, 2
+) AS g ON g.sink_id = r.sink_id AND g.run_id = r.run_id
 CROSS JOIN LATERAL (SELECT greatest(r.live_for, 3 * g.batch_interval) AS timeout) AS t
 LEFT JOIN (
     SELECT split_part(gid, '_', 2) AS sink_id, split_part(gid, '_', 5) AS run_id,
