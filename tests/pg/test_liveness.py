@@ -280,13 +280,12 @@ def test_a_one_part_batch_pays_no_beat_and_its_exit_never_waits_on_one(
 
 def waiting_on_the_sink_row(url: str, sink: str) -> bool:
     """Whether the heartbeat's registration of ``sink`` waits on a lock."""
+    waiting = "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = %s",
-            (f"sqlsink {sink} heartbeat",),
-        ).fetchone()
-    return row is not None and int(row[0]) > 0
+        found = conn.execute(
+            f"{waiting} AND application_name = %s)", (f"sqlsink {sink} heartbeat",)
+        )
+        return found.fetchone() == (True,)
 
 
 class Batchlike:
