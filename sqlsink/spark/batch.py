@@ -131,8 +131,9 @@ class Batch:
                 df = by_key(df, target.key, options, count)
         self.planned += check_slots(count, options, self.planned, self.batch_id)
         part, self.parts = self.parts, self.parts + 1
-        # the run is heard from while the batch is open: now, and from a driver thread
-        # until the block exits (spark/heartbeat.py, invariant 10)
+        # the run is heard from while the batch is open: from a driver thread until the
+        # block exits, and now before a part after the first (part 0's tasks register
+        # it themselves; spark/heartbeat.py, invariant 10)
         from sqlsink.spark import heartbeat
 
         heartbeat.before_job(self, options, writer.sink_id, identity.run_id, identity.query_id)
