@@ -407,6 +407,7 @@ def test_the_weaker_semantics_through_the_writer_commit_each_partition_alone(
     assert table_ids(pg_url, table) == list(range(50))
     assert sink_prepared(pg_server) == []
     assert decided_batches(pg_url, writer.sink_id) == {0: True}
+    PROCESS_RUNS.clear()  # as in a new process: a new run
     again = sqlsink.ForeachBatchWriter(
         url=pg_url, sink_id=writer.sink_id, query_id="q-weak", semantic=semantic
     )
