@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.checkpoint_check import CheckpointCheck, Unreadable
@@ -168,13 +168,20 @@ def check_skip_outside(
     batch_id: int,
     location: str | None,
     commits: frozenset[int] | Unreadable | None,
-    prepared: Collection[str],
-) -> None:
+    prepared: Mapping[int, Collection[str]],
+) -> frozenset[int]:
     """An empty decision made outside the stream (``writer.skip(N)`` from an operator's
     script) is only for a batch Spark committed (``commits/N`` in the query's checkpoint)
-    and that holds no prepared transaction: a batch Spark has not committed is one it
-    runs (again), with rows, and an empty decision would make that run skip them; a
-    batch with prepared transactions is a lost decision (``recover --commit-lost``)."""
+    and that holds no prepared transaction (``prepared``: the sink's prepared gids by
+    batch): a batch Spark has not committed is one it runs (again), with rows, and an
+    empty decision would make that run skip them; a batch with prepared transactions is
+    a lost decision (``recover --commit-lost``).
+
+    Returns the later batches the skip's checkpoint check passes over: those Spark
+    committed above N with nothing prepared (the run skipped its last batches and
+    stopped: the operator skips them in order, N first). They stay undecided: the next
+    commit's check that is not such a skip still reports any of them left so. A later
+    batch with prepared transactions is not passed over (a lost decision)."""
     where = f"sink {sink_id!r}: writer.skip({batch_id}) outside the stream"
     if commits is None or isinstance(commits, Unreadable):
         why = (
@@ -203,26 +210,34 @@ def check_skip_outside(
             sink_id=sink_id,
             batch=batch_id,
         )
-    if prepared:
+    held = sorted(prepared.get(batch_id, ()))
+    if held:
         raise ConfigError(
-            f"{where}: batch {batch_id} has prepared transactions ({', '.join(sorted(prepared))}): "
+            f"{where}: batch {batch_id} has prepared transactions ({', '.join(held)}): "
             "its rows were written and its decision was lost, so it is not a batch with "
             f"nothing. Nothing was decided. Fix: sqlsink recover --sink-id {sink_id} "
             f"--commit-lost {batch_id} --checkpoint DIR",
             sink_id=sink_id,
             batch=batch_id,
         )
+    return frozenset(b for b in commits if b > batch_id and not prepared.get(b))
 
 
 def decide_empty(
-    committer: Committer, batch_id: int, *, query_id: str | None, run_id: str
+    committer: Committer,
+    batch_id: int,
+    *,
+    query_id: str | None,
+    run_id: str,
+    passing: Collection[int] = (),
 ) -> ResolutionReport | None:
     """An empty batch (no gid, 0 rows): what ``with writer.batch(id): pass``,
     ``writer.skip(id)`` and a batch never handed decide. The rule first (a replay by a new
     run decides nothing: None), then the committer's own path and checks (binding,
-    fencing, forward-only, checkpoint check when it has one)."""
+    fencing, forward-only, checkpoint check when it has one). ``passing``: later batches
+    this decision's checkpoint check does not count as missing (``check_skip_outside``)."""
     check = committer.checkpoint_check
-    committer.checkpoint_check = deciding(check, {batch_id})
+    committer.checkpoint_check = deciding(check, {batch_id, *passing})
     try:
         return _decide_empty(committer, batch_id, query_id, run_id)
     finally:

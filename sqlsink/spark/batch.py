@@ -9,7 +9,6 @@ decided empty, and a part of a batch already decided is a replay or refused
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -251,12 +250,17 @@ class Batch:
         if self._judge(None) is PartStart.REPLAY:
             return
         with self._empty_committer(identity) as committer:
+            passing: frozenset[int] = frozenset()
             if not self.in_stream:
-                _check_outside(
+                passing = _check_outside(
                     committer.backend, self.writer.sink_id, self.batch_id, identity.checkpoint
                 )
             decide_empty(
-                committer, self.batch_id, query_id=identity.query_id, run_id=identity.run_id
+                committer,
+                self.batch_id,
+                query_id=identity.query_id,
+                run_id=identity.run_id,
+                passing=passing,
             )
 
     def _empty_committer(self, identity: Identity) -> CommitterSession:
@@ -358,7 +362,9 @@ class Batch:
         if not identity.from_spark:
             # the run marked this batch aborted: a retry of it in this process must be a
             # new run (Spark's own run ends with the failed query, so it never retries)
-            self.writer.process_run_id = uuid.uuid4().hex
+            from sqlsink.spark.foreach_batch import PROCESS_RUNS
+
+            PROCESS_RUNS.renew(self.writer.sink_id, identity.query_id, identity.run_id)
 
 
 def _in_stream(session: Any, batch_id: int) -> bool:
@@ -373,9 +379,12 @@ def _in_stream(session: Any, batch_id: int) -> bool:
     return spark_batch_id(session) == batch_id
 
 
-def _check_outside(backend: Any, sink_id: str, batch_id: int, location: str | None) -> None:
+def _check_outside(
+    backend: Any, sink_id: str, batch_id: int, location: str | None
+) -> frozenset[int]:
     """An empty decision from outside the stream: only for a batch Spark committed and
-    that holds no prepared transaction (``core/writer_batch.check_skip_outside``)."""
+    that holds no prepared transaction; returns the later batches its checkpoint check
+    passes over (``core/writer_batch.check_skip_outside``)."""
     from sqlsink.checkpoint.parse import checkpoint_policy
     from sqlsink.core.checkpoint_check import CheckpointMode
     from sqlsink.core.gid import Gid
@@ -384,9 +393,8 @@ def _check_outside(backend: Any, sink_id: str, batch_id: int, location: str | No
     commits = None
     if location is not None:
         commits = checkpoint_policy(location, CheckpointMode.WARN).read_commits()
-    prepared = [
-        t.gid
-        for t in backend.prepared(sink_id)
-        if (g := Gid.parse(t.gid)) is not None and g.sink_id == sink_id and g.batch_id == batch_id
-    ]
-    check_skip_outside(sink_id, batch_id, location, commits, prepared)
+    prepared: dict[int, list[str]] = {}
+    for t in backend.prepared(sink_id):
+        if (g := Gid.parse(t.gid)) is not None and g.sink_id == sink_id:
+            prepared.setdefault(g.batch_id, []).append(t.gid)
+    return check_skip_outside(sink_id, batch_id, location, commits, prepared)

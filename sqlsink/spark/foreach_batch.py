@@ -12,22 +12,25 @@
 
     def write(batch_df, batch_id):                  # a batch with nothing for the sink
         if batch_df.isEmpty():
-            writer.skip(batch_id)                   # or an empty `with writer.batch(...)`
-            return
+            return                                  # wrap() decides it empty
         ...
+    events.writeStream.foreachBatch(writer.wrap(write)).start()
 
 Every batch is handed to the writer exactly once: all DataFrames of a batch in one
 ``with writer.batch(batch_id)`` block (one decision for all), and a batch with nothing
 for the sink through ``writer.skip(batch_id)`` or a block given nothing (an empty
-decision). A second hand-over of a batch id by the same run (two ``to()`` calls, two
+decision); a function that may return early is given to foreachBatch as
+``writer.wrap(function)``, which decides empty a batch it returned from without handing
+it over. A second hand-over of a batch id by the same run (two ``to()`` calls, two
 blocks, two writer objects with one ``sink_id``) finds the batch decided and would be
 skipped like Spark's replay, so it is refused with a ``ConfigError`` before anything of
 it is written; so is a replay that names a table the batch's decision lacks. A replay by
-a new run (a restart) of a decided batch writes nothing, as before. Batches a run never
-hands to the writer (the function returned early) are found when it hands a later one:
-they are decided empty, with a warning, before it; a run's last batch not handed before
-the query stops is seen by nobody (the restart's checkpoint check stops on it; skip it
-with ``writer.skip`` from a writer with ``checkpoint_location=``, the query stopped).
+a new run (a restart) of a decided batch writes nothing, as before. Batches an unwrapped
+function never hands to the writer (it returned early) are found when it hands a later
+one: they are decided empty, with a warning, before it; a run's batches not handed
+before the query stops, or before the run's first hand-over, are seen by nobody (the
+restart's checkpoint check stops on them; skip each with ``writer.skip`` from a writer
+with ``checkpoint_location=``, the query stopped): ``wrap`` leaves none.
 The rules are ``sqlsink/core/writer_batch.py``'s.
 
 Each DataFrame of a batch (a *part*) is written by one Spark job: ``mapInArrow``
@@ -62,6 +65,8 @@ its Spark job in ``spark/parts.py``.
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,6 +90,40 @@ _RUN_ID = "spark.jobGroup.id"  # a streaming query's run id, set on its micro-ba
 HANDED = HandedBatches()
 
 
+class ProcessRuns:
+    """The run id this process makes where Spark's is not readable (Spark Connect, a
+    writer outside the stream): one per (sink, query) in the process, shared by every
+    writer object of that sink and query, so that two writer objects of one sink in one
+    foreachBatch function are one run (a second hand-over of a batch is refused, a batch
+    skipped between their hand-overs is filled), never two. A new process (a restart of
+    a Connect server's foreachBatch worker, an operator's script) makes a new one; so
+    does an abort (``renew``): a retry of the batch in this process is a new run.
+    Thread-safe (queries of one driver run their functions on their own threads)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, sink_id: str, query_id: str) -> str:
+        with self._lock:
+            return self._ids.setdefault((sink_id, query_id), uuid.uuid4().hex)
+
+    def renew(self, sink_id: str, query_id: str, old: str) -> None:
+        """The run ``old`` aborted a batch: the next hand-over is a new run (unless
+        another thread renewed it already)."""
+        with self._lock:
+            if self._ids.get((sink_id, query_id)) == old:
+                self._ids[(sink_id, query_id)] = uuid.uuid4().hex
+
+    def clear(self) -> None:
+        """Forget every run id (what a new process starts with)."""
+        with self._lock:
+            self._ids.clear()
+
+
+PROCESS_RUNS = ProcessRuns()
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who writes a batch: the streaming query, its run, and where its checkpoint is."""
@@ -97,6 +136,13 @@ class Identity:
 
 class ForeachBatchWriter:
     """Exactly-once writes from ``foreachBatch`` into PostgreSQL tables.
+
+    Give foreachBatch ``writer.wrap(function)`` when the function may return without
+    handing a batch to the writer (``if batch_df.isEmpty(): return``): the wrapper
+    decides such a batch empty when the function returns (an exception decides
+    nothing). Unwrapped, a batch skipped last before the query stops, or before the
+    run's first hand-over, is seen by nobody: the restart stops on it with a
+    data-loss error until it is skipped (``writer.skip`` outside the stream).
 
     ``url`` and ``sink_id`` are required; the rest is optional:
 
@@ -159,16 +205,14 @@ class ForeachBatchWriter:
                     "whole batches"
                 )
         self.options = dict(options)
-        # the weaker run identity, used only when Spark's run id is not readable: one per
-        # writer object (so per driver process), never reused
-        self.process_run_id = uuid.uuid4().hex
         self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled in another process (Spark Connect runs foreachBatch in a Python worker
-        of its server, one per query start): that process is a run of its own."""
-        self.__dict__.update(state)
-        self.process_run_id = uuid.uuid4().hex
+    def process_run_id(self, query_id: str) -> str:
+        """The weaker run identity, used only when Spark's run id is not readable: one per
+        (process, sink, query), shared by every writer object of the sink (``ProcessRuns``);
+        a writer unpickled in another process (Spark Connect runs foreachBatch in a Python
+        worker of its server, one per query start) is in a run of that process."""
+        return PROCESS_RUNS.get(self.sink_id, query_id)
 
     def sink_options(
         self,
@@ -234,6 +278,33 @@ class ForeachBatchWriter:
         with self.batch(batch_id):
             pass
 
+    def wrap(self, function: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+        """The function for ``foreachBatch`` that calls ``function(batch_df, batch_id)``
+        and, when it returns normally without having handed ``batch_id`` to a writer of
+        this sink (``to()``, a ``batch()`` block, ``skip``), decides the batch empty (as
+        ``skip``). An exception propagates and decides nothing. The way to write a
+        function that may return early (``if batch_df.isEmpty(): return``): a batch it
+        does not hand over is decided before Spark records it as committed, so no stop
+        or restart after it ever finds it undecided."""
+
+        def wrapped(batch_df: Any, batch_id: int) -> None:
+            function(batch_df, batch_id)
+            self._skip_unhanded(batch_df.sparkSession, int(batch_id))
+
+        return wrapped
+
+    def _skip_unhanded(self, session: Any, batch_id: int) -> None:
+        """After a wrapped function returned: skip the batch unless this run handed it to
+        a writer of the sink (``HANDED``). Only inside the stream (Spark runs this batch
+        on this thread, or Spark Connect): outside it nothing is counted, nothing done."""
+        from sqlsink.spark.batch import _in_stream
+
+        if not _in_stream(session, batch_id):
+            return
+        identity = self.identity(session, batch_id)
+        if not HANDED.handed(self.sink_id, identity.run_id, batch_id):
+            self.skip(batch_id)
+
     def identity(self, session: Any, batch_id: int) -> Identity:
         """The query, run and checkpoint of this batch; refuses rather than guesses."""
         props = _local_properties(session)
@@ -251,8 +322,9 @@ class ForeachBatchWriter:
                 )
             checkpoint = self.checkpoint_location or _running_checkpoint(session, query)
             if run:
+                check_job_group(self.sink_id, batch_id, run, _running_run_id(session, query))
                 return Identity(query, run, checkpoint, from_spark=True)
-            return Identity(query, self.process_run_id, checkpoint, from_spark=False)
+            return Identity(query, self.process_run_id(query), checkpoint, from_spark=False)
         from_checkpoint = checkpoint_query_id(self.checkpoint_location)
         if self.query_id is not None and from_checkpoint not in (None, self.query_id):
             raise ConfigError(
@@ -277,7 +349,7 @@ class ForeachBatchWriter:
                 "ForeachBatchWriter(..., checkpoint_location=<the checkpointLocation of the "
                 "query>) (its query id is read from it), or query_id=<the query's id>"
             )
-        return Identity(given, self.process_run_id, self.checkpoint_location, False)
+        return Identity(given, self.process_run_id(given), self.checkpoint_location, False)
 
 
 def spark_batch_id(session: Any) -> int | None:
@@ -297,20 +369,71 @@ def _local_properties(session: Any) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
+def _running_query(session: Any, query_id: str) -> Any:
+    """The running query of this id, through this session or the driver's (the session
+    of foreachBatch's DataFrame may be a clone with its own query manager); None."""
+    from pyspark.sql import SparkSession
+
+    for candidate in (session, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()):
+        if candidate is None:
+            continue
+        query = candidate.streams.get(query_id)
+        if query is not None:
+            return query
+    return None
+
+
 def _running_checkpoint(session: Any, query_id: str) -> str | None:
     """The resolved checkpoint of the running query, through the JVM (not a public API:
     guarded, None when this Spark does not offer it)."""
     try:
-        from pyspark.sql import SparkSession
-
-        sessions = [session, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()]
-        for candidate in sessions:
-            if candidate is None:
-                continue
-            query = candidate.streams.get(query_id)
-            if query is not None:
-                root = query._jsq.streamingQuery().resolvedCheckpointRoot()
-                return str(root) if root else None
+        query = _running_query(session, query_id)
+        if query is not None:
+            root = query._jsq.streamingQuery().resolvedCheckpointRoot()
+            return str(root) if root else None
     except Exception as exc:  # an internal API: absent on other versions
         log.debug("sqlsink: the running query's checkpoint is not readable: %s", exc)
     return None
+
+
+def _running_run_id(session: Any, query_id: str) -> str | None:
+    """The running query's run id (``StreamingQuery.runId``), None where not readable."""
+    try:
+        query = _running_query(session, query_id)
+        return None if query is None else str(query.runId)
+    except Exception as exc:
+        log.debug("sqlsink: the running query's run id is not readable: %s", exc)
+    return None
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
+
+
+def check_job_group(sink_id: str, batch_id: int, group: str, running: str | None) -> None:
+    """Spark sets the job group of a query's micro-batch thread to the query's run id,
+    which the writer takes for the run's identity; a user's ``setJobGroup`` on that
+    thread replaces it (its string is the same at every restart: a restart would look
+    like the same run, its replay like a second write). Refused unless the job group is
+    UUID-shaped and, where the running query's run id is readable, that very id."""
+    if _UUID.fullmatch(group) and running in (None, group):
+        return
+    what = (
+        f"not the running query's run id {running}"
+        if running is not None
+        else "not a streaming query's run id (a UUID)"
+    )
+    raise ConfigError(
+        f"sink {sink_id!r}: Spark's job group on this foreachBatch thread is {group!r}, "
+        f"{what}: a setJobGroup call on this thread (in the foreachBatch function, or code "
+        "it calls) replaced the one Spark sets to the query's run id, which is the "
+        "writer's identity of the run (with it, a restart would look like the same run). "
+        f"Nothing was written for batch {batch_id}. Fix: don't call setJobGroup on the "
+        "foreachBatch thread (sc.setJobDescription labels jobs without it), or restore "
+        "Spark's before handing the batch to the writer: keep "
+        "sc.getLocalProperty('spark.jobGroup.id') before your setJobGroup and call "
+        "sc.setJobGroup(kept, ...) with it afterwards",
+        sink_id=sink_id,
+        batch=batch_id,
+        job_group=group,
+        run_id=running,
+    )

@@ -5,6 +5,8 @@ for the whole process), against the Connect server of tests/connect/conftest.py.
 
 MODE ``foreach``: the foreachBatch writer with the query's checkpoint;
 ``foreach-bare``: with only url and sink_id (refused: Connect hides the query id);
+``two-writers``: two writer objects of one sink, each writing the batch into TABLE (the
+second one's rows offset by 1000: a second hand-over of the batch in one run);
 ``source``: format("sqlsink"). The last line of stdout is a JSON report.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 
 def main() -> int:
@@ -33,6 +36,19 @@ def main() -> int:
             .option("table", table)
             .option("createTable", "true")
         )
+    elif mode == "two-writers":
+        one, two = (
+            sqlsink.ForeachBatchWriter(
+                url=pg_url, sink_id=sink_id, createTable="true", checkpoint_location=checkpoint
+            )
+            for _ in range(2)
+        )
+
+        def both(df: Any, batch_id: int) -> None:
+            one.to(table)(df, batch_id)
+            two.to(table)(df.selectExpr("id + 1000 AS id", "payload", "ts", "amount"), batch_id)
+
+        writer = events.repartition(2).writeStream.foreachBatch(both)
     else:
         kwargs = {"checkpoint_location": checkpoint} if mode == "foreach" else {}
         fb = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id, createTable="true", **kwargs)

@@ -69,6 +69,27 @@ def test_the_bare_writer_through_connect_is_refused_with_the_fix(
     assert exists == (None,)  # nothing written, not even the table
 
 
+def test_two_writer_objects_of_one_sink_through_connect_are_one_run(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    """Connect hides Spark's run id: the writer makes one per (process, sink, query), so
+    the second writer object's write of batch 0 is the same run's second hand-over,
+    refused before anything of it is written (it used to be taken for a new run's
+    replay of the batch the first object decided, and skipped: its rows lost silently)."""
+    write_source(tmp_path / "src", [range(0, 5)])
+    report = client(connect_url, "two-writers", pg_url, connect_table, tmp_path)
+    sink_id = "cx-" + connect_table.replace("_", "-")
+    print(f"two writer objects through Connect: {report}")
+    assert report["error"] is not None
+    assert (
+        f"sink {sink_id!r}: batch 0 was already decided by this very run (its decision "
+        f"holds 'public.{connect_table}'): a second write of one batch id in one run"
+    ) in report["error"]
+    assert table_ids(pg_url, connect_table) == list(range(5))  # the first object's only
+    assert decided_batches(pg_url, sink_id) == {0: True}
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []
+
+
 def test_the_data_source_through_connect_writes_every_record_once(
     connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ from sqlsink.core.writer_batch import (
 from sqlsink.errors import ConfigError, DataLossError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import migrations
+from sqlsink.spark.foreach_batch import PROCESS_RUNS
 from tests.fix_pg import PgServer
 from tests.pg.protocol import Writer, ids_of, make_table, prepared_of
 from tests.sim.test_backend_contract import Harness, harness, sinks
@@ -308,3 +309,99 @@ def test_a_skip_outside_the_stream_decides_only_a_batch_spark_committed_with_not
     operator.skip(2)
     assert [row[:3] for row in decision_rows(pg_url, sink)][-1][0] == 2
     assert ids_of(pg_url, keyed) == [0, 1, 2, 10, 11, 12]
+
+
+def test_two_writer_objects_of_one_sink_in_one_process_are_one_run(
+    pg_url: str, sink: str, keyed: str, tmp_path: Path
+) -> None:
+    """The run id a process makes (Spark Connect, outside the stream) is one per (process,
+    sink, query): a second writer object's hand-over of a batch the first one decided is
+    the same run's second hand-over, refused, where it used to be a new run's replay
+    (skipped silently)."""
+    from sqlsink import ForeachBatchWriter
+
+    query = str(uuid.uuid4())
+    chk = checkpoint(tmp_path, query)
+    policy = checkpoint_policy(str(chk), CheckpointMode.WARN)
+    first = Writer(pg_url, keyed, sink, query_id=query)
+    commit(first, 0, [first.write(0, range(0, 3))], [f"public.{keyed}"], policy)
+    spark_commits(chk, 0, 1)
+    one = ForeachBatchWriter(url=pg_url, sink_id=sink, checkpoint_location=str(chk))
+    two = ForeachBatchWriter(url=pg_url, sink_id=sink, checkpoint_location=str(chk))
+    one.skip(1)
+    with pytest.raises(ConfigError) as refused:
+        two.skip(1)
+    assert str(refused.value).startswith(
+        f"sink {sink!r}: batch 1 was already decided by this very run (its decision holds "
+        "no table (an empty batch)): a second write of one batch id in one run"
+    )
+    runs = {row[0]: row[1] for row in decision_rows(pg_url, sink)}
+    assert runs == {0: first.run, 1: one.process_run_id(query)}
+    assert one.process_run_id(query) == two.process_run_id(query)
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_several_skipped_last_batches_are_skipped_in_order_outside_the_stream(
+    pg_url: str, sink: str, keyed: str, tmp_path: Path
+) -> None:
+    """A run handed batch 0, returned early for batches 1 and 2 and stopped. The
+    documented advice, writer.skip(N) for each in order, used to fail at skip(1): its
+    checkpoint check counted batch 2 as lost. A skip outside the stream does not count
+    later batches Spark committed with nothing prepared; the next real commit still
+    reports one left undecided."""
+    from sqlsink import ForeachBatchWriter
+
+    query = str(uuid.uuid4())
+    chk = checkpoint(tmp_path, query)
+    policy = checkpoint_policy(str(chk), CheckpointMode.WARN)
+    first = Writer(pg_url, keyed, sink, query_id=query)
+    commit(first, 0, [first.write(0, range(0, 3))], [f"public.{keyed}"], policy)
+    spark_commits(chk, 0, 1, 2, 3)  # 1, 2 and 3: the function returned early
+    operator = ForeachBatchWriter(url=pg_url, sink_id=sink, checkpoint_location=str(chk))
+    operator.skip(1)
+    operator.skip(2)
+    assert [row[:4] for row in decision_rows(pg_url, sink)][1:] == [
+        (1, operator.process_run_id(query), 0, 0),
+        (2, operator.process_run_id(query), 0, 0),
+    ]
+    # batch 3 not skipped: the restart's first commit still reports it
+    restart = Writer(pg_url, keyed, sink, query_id=query)
+    outcomes: list[PartitionOutcome | None] = [restart.write(4, range(3, 6))]
+    with pytest.raises(DataLossError) as lost:
+        commit(restart, 4, outcomes, [f"public.{keyed}"], policy)
+    assert "Spark's checkpoint records batch 3 as committed" in str(lost.value)
+    assert list(lost.value.context["lost"]) == [3]
+    restart.abort(4, outcomes)
+    PROCESS_RUNS.clear()  # the operator's new script: a new process, a new run
+    operator.skip(3)
+    again = Writer(pg_url, keyed, sink, query_id=query)
+    commit(again, 4, [again.write(4, range(3, 6))], [f"public.{keyed}"], policy)
+    assert ids_of(pg_url, keyed) == list(range(6))
+    assert [row[0] for row in decision_rows(pg_url, sink)] == [0, 1, 2, 3, 4]
+    assert ids_of(pg_url, keyed) == list(range(6))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_skip_outside_the_stream_still_refuses_a_later_batch_with_prepared_rows(
+    pg_url: str, sink: str, keyed: str, tmp_path: Path
+) -> None:
+    """Batch 2's decision was lost with its rows prepared: skip(1) outside the stream
+    does not pass over it (a lost decision, not a skipped batch)."""
+    from sqlsink import ForeachBatchWriter
+
+    query = str(uuid.uuid4())
+    chk = checkpoint(tmp_path, query)
+    policy = checkpoint_policy(str(chk), CheckpointMode.WARN)
+    first = Writer(pg_url, keyed, sink, query_id=query)
+    commit(first, 0, [first.write(0, range(0, 3))], [f"public.{keyed}"], policy)
+    lost = first.write(2, range(10, 13))
+    spark_commits(chk, 0, 1, 2)
+    operator = ForeachBatchWriter(url=pg_url, sink_id=sink, checkpoint_location=str(chk))
+    with pytest.raises(DataLossError) as refused:
+        operator.skip(1)
+    assert list(refused.value.context["lost"]) == [2]
+    assert "Batch 1 is not decided" in str(refused.value)
+    assert [row[0] for row in decision_rows(pg_url, sink)] == [0]
+    assert prepared_of(pg_url, sink) == [lost.gid]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"ROLLBACK PREPARED '{lost.gid}'")

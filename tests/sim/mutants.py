@@ -358,7 +358,13 @@ def f1_replay_whenever_decided() -> Iterator[None]:
     found the batch decided and skipped, and the commit found the decision and returned."""
 
     def judge_part(
-        sink_id: str, batch_id: int, run_id: str, table: str | None, decision: Decision | None
+        sink_id: str,
+        batch_id: int,
+        run_id: str,
+        table: str | None,
+        decision: Decision | None,
+        *,
+        handed_before: bool = False,  # today's signature; 89cb7f8 had no such rule
     ) -> PartStart:
         return PartStart.WRITE if decision is None else PartStart.REPLAY
 
@@ -377,7 +383,12 @@ def c2_unhanded_batches_undecided() -> Iterator[None]:
         return range(0)
 
     def decide_empty(
-        committer: Committer, batch_id: int, *, query_id: str | None, run_id: str
+        committer: Committer,
+        batch_id: int,
+        *,
+        query_id: str | None,
+        run_id: str,
+        passing: Sequence[int] = (),  # today's signature
     ) -> ResolutionReport | None:
         return None
 

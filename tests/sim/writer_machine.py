@@ -5,8 +5,9 @@ one: a restart in a notebook); Spark runs the next batch (or re-runs the uncommi
 one with the same records) and calls the user's function, which makes up to two
 calls of the writer's API (``to(table)``, a ``batch()`` block with any DataFrames,
 ``skip``; through the first writer object or a second one with the same sink id) or
-none (returns early), with at times a fault (its code raises inside a block or after
-its calls; the driver dies inside a block, or before ``commits/N``); the query stops;
+none (returns early), at times given as ``writer.wrap(function)``, with at times a
+fault (its code raises inside a block or after its calls; the driver dies inside a
+block, or before ``commits/N``); the query stops;
 ``sqlsink recover`` runs with the clock past runTimeout; the user follows the advice
 of the documented data-loss error (a run skipped its last batches and stopped:
 ``writer.skip(N)`` outside the stream, the query stopped), before the restart hits
@@ -19,6 +20,7 @@ code). The checks run after every step, and once more after a final recover
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import ClassVar
 
 from hypothesis import HealthCheck, settings
@@ -80,9 +82,11 @@ CALL = st.one_of(SIMPLE, SIMPLE, SIMPLE, NESTED)
 # mostly one call per batch (what the API asks for); at times none (returns early), or two
 # (a second hand-over of the batch: refused, and its restarts too, until the code changes)
 ONE_CALL = st.lists(CALL, min_size=1, max_size=1)
-FUNCTIONS = st.one_of(
-    ONE_CALL, ONE_CALL, ONE_CALL, st.just([]), st.lists(CALL, min_size=2, max_size=2)
-).map(_numbered)
+CALLS = st.one_of(ONE_CALL, ONE_CALL, ONE_CALL, st.just([]), st.lists(CALL, min_size=2, max_size=2))
+# at times given to foreachBatch as writer.wrap(function)
+FUNCTIONS = st.tuples(CALLS, st.sampled_from([False, False, True])).map(
+    lambda drawn: replace(_numbered(drawn[0]), wrapped=drawn[1])
+)
 FAULTS = st.one_of(
     st.none(),
     st.none(),

@@ -5,7 +5,8 @@ the foreachBatch writer's API as a user's function drives it, for the stateful t
 of ``test_writer_api.py``. One streaming query writes sink ``shop`` through one or two
 ``ForeachBatchWriter`` objects with that sink id; its checkpoint (``offsets/N``,
 ``commits/N``) outlives its runs; a run is Spark's (classic: Spark's run id) or, on
-Spark Connect, each writer object's own process run id. Everything synchronous: one
+Spark Connect, the run id its Python worker process makes for the sink and query
+(``ProcessRuns``: one per process, shared by its writer objects). Everything synchronous: one
 step at a time, no actors, no faults of the server (``memory.Server`` without a
 scheduler: a wait nobody can grant moves the clock to its deadline).
 
@@ -17,24 +18,32 @@ The steps, and what each mirrors (fix/fb's ``sqlsink/spark/batch.py`` and
 
 - ``Batch.write``            -> ``Batch.write``: hand the batch over, judge the part
                                 (``judge_part``), record its table, run its job
-- ``Batch.hand_over``        -> ``Batch._hand_over``: identity, ``HandedBatches.hand``,
-                                the writer checks, the gap filled
+- ``Batch.hand_over``        -> ``Batch._hand_over``: identity, ``HandedBatches.handed``
+                                (a second hand-over), the writer checks,
+                                ``HandedBatches.hand`` and the gap filled (inside a
+                                stream only)
 - ``Batch.check_writer``     -> ``Batch._check_writer``: ``check_binding``,
                                 ``check_forward``, ``read_decision`` (not mirrored: the
                                 server settings check and ``ensure_schema``)
 - ``Batch.fill_gap``         -> ``Batch._fill_gap``: ``fill_gap`` through a committer
                                 with the checkpoint check and no tables
-- ``Batch.decide_empty``     -> ``Batch._decide_empty``: ``decide_empty``
+- ``Batch.decide_empty``     -> ``Batch._decide_empty``: outside a stream
+                                ``check_skip_outside`` (and the later batches it
+                                passes), ``decide_empty``
 - ``Batch.exit``             -> ``Batch.__exit__``
 - ``Batch.commit``           -> ``Batch._commit`` with ``_decided_meanwhile``
                                 (not mirrored: ``check_after_commit``, server settings)
 - ``Batch.abort``            -> ``Batch._abort``: ``Committer.abort_batch``, a new
                                 process run id when the run id is not Spark's
+                                (``ProcessRuns.renew``)
 - ``WriterWorld.committer``  -> ``spark/plan.CommitterSession``: a session, a
                                 ``Committer`` with ``CheckpointCheck`` over the model's
                                 ``commits/`` (``checkpoint/parse.checkpoint_policy``)
 - ``WriterWorld.identity``   -> ``ForeachBatchWriter.identity``: Spark's run id in
-                                classic Spark, else the writer object's process run id
+                                classic Spark, else the process's run id
+                                (``ProcessRuns.get``)
+- ``WriterWorld.unhanded``   -> ``ForeachBatchWriter.wrap``: after a wrapped function
+                                returned, ``skip`` unless this run handed the batch
 - ``WriterWorld.job``        -> ``spark/parts.prepare_part``: one task per partition,
                                 in order; the first task that raises fails the job
                                 (no task retries: the errors here are not transient)
@@ -42,7 +51,9 @@ The steps, and what each mirrors (fix/fb's ``sqlsink/spark/batch.py`` and
                                 ``Participant`` (as ``world.task_program``): an empty
                                 partition prepares nothing
 - ``to`` / ``block`` / ``skip`` calls -> ``ForeachBatchWriter.to(table)(df, id)``,
-                                ``with writer.batch(id)``, ``writer.skip(id)``
+                                ``with writer.batch(id)``, ``writer.skip(id)``; a
+                                ``Function`` with ``wrapped`` is given to foreachBatch
+                                as ``writer.wrap(function)``
 
 Spark around them (``WriterWorld.run_batch``): a run plans the checkpoint's last
 uncommitted batch again (the same rows) or the next one, calls the function, and
@@ -50,7 +61,9 @@ writes ``commits/N`` only when the function returned; an exception ends the run 
 query fails). A driver process that dies (inside a block, or after the function
 returned and before ``commits/N``) takes its writer objects and its ``HandedBatches``
 with it. A restart in the same process keeps both (classic Spark; a Connect server
-runs each query start in a new Python worker, which unpickles fresh writer objects).
+runs each query start in a new Python worker, which unpickles fresh writer objects and
+makes its own run id). The operator's ``writer.skip`` outside the stream runs in a
+script of its own (a new process: its own run id).
 
 The checks are ``WriterWorld.check`` (after every step) and ``WriterWorld.final``
 (after a last ``Committer.recover`` with the clock past runTimeout); a broken one
@@ -69,6 +82,7 @@ from dataclasses import dataclass, field
 from sqlsink.core import admission, writer_batch
 from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode, CheckpointPolicy
 from sqlsink.core.committer import Committer
+from sqlsink.core.gid import Gid
 from sqlsink.core.model import Binding, Decision, PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
 from sqlsink.core.resolver import TimeoutPolicy
@@ -102,30 +116,16 @@ INVARIANTS = {
 # default run counts them instead of failing (``--api-strict`` fails on them);
 # test_writer_api.test_a_known_defect_still_happens proves each still happens, and fails
 # once it is fixed: then remove it from here.
-# table-replayed and nested-hand-over: the real writer refuses them since this model was
-# written (spark/batch.py: a run's second hand-over of a batch, HandedBatches.handed);
-# this model does not mirror that refusal yet, so it still meets and tolerates them
 KNOWN: dict[str, str] = {
-    "unhanded-first": "a run's first batches that the function did not hand to the writer "
-    "(HandedBatches knows a gap only after the run's first hand-over): the next batch's "
-    "checkpoint check reports them as lost (DataLossError)",
-    "table-replayed": "a new run's replay of a batch whose decision names the table skips "
-    "every DataFrame of that table, also one the decision never wrote (the first run's "
-    "second to() of the table, refused after its first to() had committed): silently",
-    "connect-writers": "on Spark Connect (run ids made per writer object) two writer "
-    "objects of one sink in one run are two runs to the rules: a batch skipped between "
-    "their hand-overs is never filled (HandedBatches per run id: a false DataLossError), "
-    "and the second object's part of a table the first one decided is a replay (skipped, "
-    "silently)",
-    "nested-hand-over": "a hand-over of a batch while a block of the same run and batch is "
-    "open (a call inside the block, or another thread's): the inner call's task adopts the "
-    "open block's prepared transaction as its own (same run, batch, part, partition) and "
-    "its own rows are never written; or the inner call decides the batch without the open "
-    "block's transactions, and the block's commit rolls them back; both return normally",
-    "tail-skip": "a run skipped its last two batches or more and stopped: the advice, "
-    "writer.skip(N) for each in order, fails at the first (its checkpoint check counts the "
-    "others as lost)",
+    "unhanded-first": "a run's first batches that an unwrapped function did not hand to the "
+    "writer (HandedBatches knows a gap only after the run's first hand-over): the next "
+    "batch's checkpoint check reports them as lost (DataLossError); writer.wrap(function) "
+    "leaves none",
 }
+# fixed, and out of KNOWN: table-replayed and nested-hand-over (a run's second hand-over
+# of a batch in one process is refused, HandedBatches.handed), connect-writers (one
+# process run id per process, sink and query: ProcessRuns), tail-skip (a skip outside the
+# stream passes over later batches Spark committed with nothing prepared)
 
 Row = tuple[int, str, int, int]  # (batch, table, which DataFrame of the table, i)
 
@@ -194,9 +194,11 @@ class Function:
     its calls in order; none: it returns early (``if df.isEmpty(): return``)."""
 
     calls: tuple[Call, ...]
+    wrapped: bool = False  # given to foreachBatch as writer.wrap(function)
 
     def __repr__(self) -> str:
-        return "; ".join(map(repr, self.calls)) or "return early"
+        shown = "; ".join(map(repr, self.calls)) or "return early"
+        return f"wrap({shown})" if self.wrapped else shown
 
 
 @dataclass(frozen=True)
@@ -230,14 +232,16 @@ class WriterObject:
     """A ``ForeachBatchWriter(sink_id=SINK, checkpoint_location=CHECKPOINT)``."""
 
     name: str
-    process_run_id: str
+    process_run_id: str  # its own: what the writer made before ProcessRuns (mutants)
 
 
 @dataclass(eq=False)
 class Process:
-    """A Python process that runs the function: its ``HANDED``, its writer objects."""
+    """A Python process that runs the function: its ``HANDED``, its ``PROCESS_RUNS``
+    entry for (SINK, QUERY), its writer objects."""
 
     number: int
+    run_id: str
     handed: HandedBatches = field(default_factory=HandedBatches)
     writers: list[WriterObject] = field(default_factory=list)
     dead: bool = False
@@ -291,6 +295,8 @@ class WriterWorld:
         self.executed_by: dict[int, Run] = {}  # batch -> the run that wrote commits/N
         self.run_of: dict[str, Run | None] = {}  # a writer's run id -> its Spark run
         self.process = self._new_process()
+        self.operator: Process | None = None  # the operator's script (writer.skip outside)
+        self.wrapped_commits: set[int] = set()  # commits/N after a wrapped function returned
         self.partitions = 1  # of each DataFrame in the batch running now
         self.run: Run | None = None
         self.runs: list[Run] = []
@@ -310,7 +316,7 @@ class WriterWorld:
     def _new_process(self) -> Process:
         number = next(self.ids)
         writers = [WriterObject(f"w{i}", self._id("p")) for i in range(2)]
-        return Process(number, writers=writers)
+        return Process(number, self._id("p"), writers=writers)
 
     def fail(self, invariant: str, message: str) -> Broken:
         self.broken = Broken(invariant, message + self.story())
@@ -352,11 +358,30 @@ class WriterWorld:
 
     def identity(self, writer: WriterObject, batch_id: int) -> Identity:
         """ForeachBatchWriter.identity: inside a classic stream Spark's ids; on Connect,
-        and outside a stream, the checkpoint's query id and the object's run id."""
+        and outside a stream, the checkpoint's query id and the process's run id."""
         run = self.run
         if run is not None and self.mode == "classic" and writer in run.worker.writers:
             return Identity(QUERY, run.run_id, CHECKPOINT, True)
-        return Identity(QUERY, writer.process_run_id, CHECKPOINT, False)
+        return Identity(QUERY, self.process_run_id(writer), CHECKPOINT, False)
+
+    def process_of(self, writer: WriterObject) -> Process:
+        """The process a writer object lives in (the operator's: ``self.operator``)."""
+        run = self.run
+        if run is not None and writer in run.worker.writers:
+            return run.worker
+        if self.operator is not None and writer in self.operator.writers:
+            return self.operator
+        return self.process
+
+    def process_run_id(self, writer: WriterObject) -> str:
+        """ProcessRuns.get: one per (process, sink, query)."""
+        return self.process_of(writer).run_id
+
+    def renew_run_id(self, writer: WriterObject, old: str) -> None:
+        """ProcessRuns.renew, after an abort of a batch by a process-made run."""
+        process = self.process_of(writer)
+        if process.run_id == old:
+            process.run_id = self._id("p")
 
     # -- Spark's job and tasks ------------------------------------------------------------
 
@@ -503,6 +528,8 @@ class WriterWorld:
                 self.call(run.worker.writers[call.writer], batch_id, call, records, here, run)
             if fault is not None and fault.call is None and fault.kind == "raise":
                 raise UserError("the function raised after its calls")
+            if function.wrapped:
+                self.unhanded(run, batch_id)
         except DriverDied:
             self.end_run(f"the driver died in batch {batch_id}", died=True)
             return
@@ -517,6 +544,20 @@ class WriterWorld:
             return
         self.commits.add(batch_id)
         self.executed_by[batch_id] = run
+        if function.wrapped:
+            self.wrapped_commits.add(batch_id)
+        else:
+            self.wrapped_commits.discard(batch_id)
+
+    def unhanded(self, run: Run, batch_id: int) -> None:
+        """ForeachBatchWriter.wrap, after the function returned normally: ``skip`` the
+        batch (through the first writer object) unless this run handed it to a writer of
+        the sink (``HANDED`` of the process the function runs in)."""
+        writer = run.worker.writers[0]
+        identity = self.identity(writer, batch_id)
+        if not run.worker.handed.handed(SINK, identity.run_id, batch_id):
+            self.stats["wrap skipped"] += 1
+            self.call(writer, batch_id, Call("skip", 0), 0, None, run)
 
     def call(
         self,
@@ -596,26 +637,15 @@ class WriterWorld:
 
     def skip_outside(self, batch_ids: Sequence[int]) -> None:
         """The documented advice, followed: the query stopped, ``writer.skip(N)`` for each
-        batch, from a writer object with ``checkpoint_location=`` (in the user's process)."""
+        batch, in order, from a writer object with ``checkpoint_location=`` in a script
+        of the operator's (a process of its own)."""
         assert self.run is None
-        if self.process.dead:
-            self.process = self._new_process()
-        writer = WriterObject("w-outside", self._id("p"))
+        self.operator = self._new_process()
+        writer = self.operator.writers[0]
         self.log.append(f"outside the stream: writer.skip({', '.join(map(str, batch_ids))})")
         for batch_id in batch_ids:
             try:
                 self.call(writer, batch_id, Call("skip", 0), 0, None, None)
-            except DataLossError as exc:
-                later = [b for b in exc.context.get("lost", []) if b > batch_id]
-                if "tail-skip" in self.tolerate and later and set(later) <= set(batch_ids):
-                    self.stats["known: tail-skip"] += 1
-                    self.skip_again(writer, batch_id)
-                    continue
-                raise self.fail(
-                    "advice",
-                    f"following the advice, writer.skip({batch_id}) raised "
-                    f"{type(exc).__name__}: {exc.message}",
-                ) from exc
             except SqlsinkError as exc:
                 raise self.fail(
                     "advice",
@@ -623,16 +653,15 @@ class WriterWorld:
                     f"{type(exc).__name__}: {exc.message}",
                 ) from exc
 
-    def skip_again(self, writer: WriterObject, batch_id: int) -> None:
-        """The user calls writer.skip(N) again after the tail-skip defect: its run has a
-        check recorded now, which is not due again for N (the highest decision N-1)."""
-        try:
-            self.call(writer, batch_id, Call("skip", 0), 0, None, None)
-        except SqlsinkError as exc:
-            raise self.fail(
-                "advice",
-                f"writer.skip({batch_id}) called again raised {type(exc).__name__}: {exc.message}",
-            ) from exc
+    def check_outside(self, backend: MemoryBackend, batch_id: int) -> frozenset[int]:
+        """spark/batch._check_outside: the checkpoint's commits and the sink's prepared
+        gids by batch, to ``check_skip_outside``; the later batches it passes over."""
+        prepared: dict[int, list[str]] = {}
+        for t in backend.prepared(SINK):
+            if (g := Gid.parse(t.gid)) is not None and g.sink_id == SINK:
+                prepared.setdefault(g.batch_id, []).append(t.gid)
+        commits = frozenset(self.commits)
+        return writer_batch.check_skip_outside(SINK, batch_id, CHECKPOINT, commits, prepared)
 
     def stuck(self) -> list[int]:
         """Batches a data-loss error named that the user can skip: those a run skipped
@@ -716,6 +745,8 @@ class WriterWorld:
     def stranded(self, batch_id: int, now: Run | None) -> bool:
         """Run by another run than ``now``, which handed nothing after it (stopped)."""
         by = self.executed_by.get(batch_id)
+        if batch_id in self.wrapped_commits:
+            return False  # the wrapped function's batch: decided before commits/N
         return (
             by is not None
             and by is not now
@@ -756,6 +787,8 @@ class WriterWorld:
         tolerated): the writer identity that handed the next batch after it had handed
         nothing before it (HandedBatches found no gap)."""
         by = self.executed_by.get(batch_id)
+        if batch_id in self.wrapped_commits:
+            return None  # the wrapped function's batch: decided before commits/N
         after = sorted(h for h in by.handed if h[0] > batch_id) if by else []
         if by is None or not after:
             return None
@@ -840,6 +873,7 @@ class Batch:
         self.tables: list[str] = []
         self.decision: Decision | None = None
         self.start: PartStart | None = None
+        self.handed_before = False
 
     def write(self, frame: Frame, rows: list[Row]) -> None:
         """Batch.write: hand over, judge the part before its job, run the job."""
@@ -861,10 +895,15 @@ class Batch:
         if world.current is not None:
             world.current.run_id = identity.run_id
         run = world.run
-        handed = run.worker.handed if run is not None else world.process.handed
-        gap = handed.hand(SINK, identity.run_id, self.batch_id)
+        # a stream's run hands its batches in order, once each; an operator's writer
+        # outside the stream (writer.skip) is neither counted nor judged so
+        handed = run.worker.handed if run is not None else None
+        self.handed_before = handed is not None and handed.handed(
+            SINK, identity.run_id, self.batch_id
+        )
         self.identity = identity
         self.decision = self.check_writer()
+        gap = handed.hand(SINK, identity.run_id, self.batch_id) if handed else range(0)
         if gap:
             self.fill_gap(gap, identity)
         if run is not None:
@@ -888,7 +927,12 @@ class Batch:
         """Batch._judge."""
         assert self.identity is not None
         self.start = writer_batch.judge_part(
-            SINK, self.batch_id, self.identity.run_id, table, self.decision
+            SINK,
+            self.batch_id,
+            self.identity.run_id,
+            table,
+            self.decision,
+            handed_before=self.handed_before,
         )
         return self.start
 
@@ -907,8 +951,15 @@ class Batch:
         if self.judge(None) is PartStart.REPLAY:
             return
         with self.world.committer(identity, self.batch_id, check=True, tables=[]) as committer:
+            passing: frozenset[int] = frozenset()
+            if self.world.run is None:  # outside the stream
+                passing = self.world.check_outside(committer.backend, self.batch_id)
             writer_batch.decide_empty(
-                committer, self.batch_id, query_id=identity.query_id, run_id=identity.run_id
+                committer,
+                self.batch_id,
+                query_id=identity.query_id,
+                run_id=identity.run_id,
+                passing=passing,
             )
 
     def exit(self, exc: BaseException | None) -> None:
@@ -963,4 +1014,4 @@ class Batch:
         except Exception as exc:  # the original error matters more
             self.world.log.append(f"  the abort failed too: {exc!r}")
         if not identity.from_spark:
-            self.writer.process_run_id = self.world._id("p")
+            self.world.renew_run_id(self.writer, identity.run_id)

@@ -16,6 +16,7 @@ import sqlsink
 from sqlsink.core.gid import Gid
 from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import ConfigError, SinkBindingError
+from sqlsink.spark.foreach_batch import PROCESS_RUNS
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.fb_windows import WINDOWS, TwoTables, killed_at, restarted
 from tests.spark.streams import SCHEMA, decided_batches, run_foreach_batch, table_ids, write_source
@@ -85,15 +86,17 @@ def test_direct_calls_with_a_given_query_id_replay_once(
     with pytest.raises(ConfigError, match="batch 0 was already decided by this very run"):
         write(df, 0)  # the same batch id again, same run: a second write, not a replay
     write(spark.range(25, 30), 1)
+    first_run = writer.process_run_id("given-query")
+    PROCESS_RUNS.clear()  # as in a new process: a new run
     again = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=writer.sink_id, query_id="given-query")
-    again.to(table)(spark.range(25, 30), 1)  # another writer object, another run: a replay
+    again.to(table)(spark.range(25, 30), 1)  # another process, another run: a replay
     assert table_ids(pg_url, table) == list(range(30))
     assert sink_prepared(pg_server) == []
     with psycopg.connect(pg_url) as conn:
         runs = conn.execute(
             "SELECT run_id FROM sqlsink.runs WHERE sink_id = %s", (writer.sink_id,)
         ).fetchall()
-    assert sorted(runs) == sorted([(writer.process_run_id,), (again.process_run_id,)])
+    assert sorted(runs) == sorted([(first_run,), (again.process_run_id("given-query"),)])
     with pytest.raises(Exception, match="already decided"):  # forward only: 0 is behind 1
         write(spark.range(100, 105), 0)
 
@@ -404,6 +407,7 @@ def test_the_weaker_semantics_through_the_writer_commit_each_partition_alone(
     assert table_ids(pg_url, table) == list(range(50))
     assert sink_prepared(pg_server) == []
     assert decided_batches(pg_url, writer.sink_id) == {0: True}
+    PROCESS_RUNS.clear()  # as in a new process: a new run
     again = sqlsink.ForeachBatchWriter(
         url=pg_url, sink_id=writer.sink_id, query_id="q-weak", semantic=semantic
     )

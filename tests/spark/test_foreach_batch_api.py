@@ -20,6 +20,7 @@ import pytest
 
 import sqlsink
 from sqlsink.errors import ConfigError
+from sqlsink.spark.foreach_batch import PROCESS_RUNS
 from tests.fix_pg import PgServer, prepared_in_test_db
 from tests.spark.streams import (
     add_source_file,
@@ -250,8 +251,15 @@ def test_an_empty_block_and_skip_outside_a_stream(
         writer.skip(2)
     with pytest.raises(ConfigError, match="batch 2 was already decided by this very run"):
         writer.to(table)(spark.range(10, 13, 1, 1), 2)
-    # a writer object unpickled in a new process (a Spark Connect restart) is a new run:
-    # its hand-over of batch 2 is Spark's replay, which writes nothing
+    # another writer object of the sink in this process is the same run: refused too
+    other = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=sink_id, checkpoint_location=str(checkpoint)
+    )
+    with pytest.raises(ConfigError, match="batch 2 was already decided by this very run"):
+        other.to(table)(spark.range(10, 13, 1, 1), 2)
+    # a writer object in a new process (a Spark Connect restart) is a new run: its
+    # hand-over of batch 2 is Spark's replay, which writes nothing
+    PROCESS_RUNS.clear()  # what a new process starts with
     again = sqlsink.ForeachBatchWriter(
         url=pg_url, sink_id=sink_id, checkpoint_location=str(checkpoint)
     )
@@ -291,8 +299,9 @@ def test_a_last_batch_skipped_before_a_stop_is_skipped_afterwards_with_writer_sk
     write_source(source, [range(0, 3), []])
     run_foreach_batch(spark, source, checkpoint, function)
     add_source_file(source, 2, range(3, 6))
-    with pytest.raises(Exception, match=r"checkpoint records batch 1 as committed"):
+    with pytest.raises(Exception, match=r"checkpoint records batch 1 as committed") as stopped:
         run_foreach_batch(spark, source, checkpoint, function)
+    assert "writer.wrap(function)" in str(stopped.value)  # the way that is always safe
     assert table_ids(pg_url, table) == [0, 1, 2]
     operator = sqlsink.ForeachBatchWriter(
         url=pg_url, sink_id=writer.sink_id, checkpoint_location=str(checkpoint)
@@ -305,4 +314,84 @@ def test_a_last_batch_skipped_before_a_stop_is_skipped_afterwards_with_writer_sk
         1: (0, 0, True, None),
         2: (3, 1, True, [f"public.{table}"]),
     }
+    assert prepared_in_test_db(pg_server) == []
+
+
+@pytest.mark.parametrize("group", ["nightly", "uuid"])
+def test_a_job_group_set_inside_foreach_batch_is_refused_before_writing(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str, group: str
+) -> None:
+    """The run id is Spark's job group of the micro-batch thread: a user's setJobGroup
+    inside foreachBatch replaced it by the user's string (the same at every restart: a
+    restart looked like the same run). Refused before anything is written."""
+    import uuid
+
+    keyed_table(pg_url, table)
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}")
+    name = "nightly" if group == "nightly" else str(uuid.uuid4())
+
+    def function(df: Any, batch_id: int) -> None:
+        df.sparkSession.sparkContext.setJobGroup(name, "the nightly load")
+        writer.to(table)(df, batch_id)
+
+    write_source(tmp_path / "src", [range(0, 3)])
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, tmp_path / "src", tmp_path / "chk", function)
+    text = str(stopped.value)
+    print(f"{group}: the query stopped with: {text[text.find('sink ') :][:600]}")
+    said = f"sink {writer.sink_id!r}: Spark's job group on this foreachBatch thread is {name!r}"
+    assert said in text
+    assert "Fix: don't call setJobGroup on the foreachBatch thread" in text
+    assert table_ids(pg_url, table) == []
+    assert decisions(pg_url, writer.sink_id) == {}
+    assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_wrapped_function_that_returns_early_decides_its_batch_empty(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """writer.wrap(function): a batch the function returns from without handing it to the
+    writer is decided empty when the function returns, so a run that stops right after
+    it (its last batch, or before its first hand-over) leaves nothing for the restart to
+    stop on; the same function unwrapped stops the restart with the honest error."""
+    keyed_table(pg_url, table)
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}")
+
+    def early(df: Any, batch_id: int) -> None:
+        if df.isEmpty():
+            return
+        writer.to(table)(df, batch_id)
+
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(0, 3), []])  # the run stops right after batch 1
+    run_foreach_batch(spark, source, checkpoint, writer.wrap(early))
+    assert decisions(pg_url, writer.sink_id)[1] == (0, 0, True, None)
+    add_source_file(source, 2, [])
+    # a restart whose first batch returns early, and stops before its next: the same
+    run_foreach_batch(spark, source, checkpoint, writer.wrap(early))
+    add_source_file(source, 3, range(3, 6))
+    add_source_file(source, 4, range(6, 9))
+    query = run_foreach_batch(spark, source, checkpoint, writer.wrap(early))
+    assert [p["batchId"] for p in query.recentProgress] == [3, 4]
+    assert table_ids(pg_url, table) == list(range(9))
+    rows = (3, 1, True, [f"public.{table}"])
+    empty = (0, 0, True, None)
+    assert decisions(pg_url, writer.sink_id) == {0: rows, 1: empty, 2: empty, 3: rows, 4: rows}
+    assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_wrapped_function_that_raises_decides_nothing(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    keyed_table(pg_url, table)
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=f"fb-{table[2:]}")
+
+    def failing(df: Any, batch_id: int) -> None:
+        raise ValueError("the user's code failed")
+
+    write_source(tmp_path / "src", [range(0, 3)])
+    with pytest.raises(Exception, match="the user's code failed"):
+        run_foreach_batch(spark, tmp_path / "src", tmp_path / "chk", writer.wrap(failing))
+    assert decisions(pg_url, writer.sink_id) == {}
+    assert table_ids(pg_url, table) == []
     assert prepared_in_test_db(pg_server) == []

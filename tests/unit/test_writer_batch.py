@@ -11,6 +11,7 @@ from sqlsink.core.writer_batch import (
     FIX,
     HandedBatches,
     PartStart,
+    check_skip_outside,
     fillable,
     gap_warning,
     judge_part,
@@ -185,3 +186,51 @@ def test_a_new_runs_write_of_a_table_into_a_batch_decided_empty_is_refused() -> 
         judge_part("shop", 3, "run-b", ORDERS, empty)
     legacy = Decision("shop", 3, frozenset({"g"}), 5, NOW, True, "q", "run-a", tables=None)
     assert judge_part("shop", 3, "run-b", ORDERS, legacy) is PartStart.REPLAY
+
+
+def test_a_skip_outside_passes_over_later_committed_batches_with_nothing_prepared() -> None:
+    commits = frozenset({0, 1, 2, 3, 4})
+    prepared = {3: ["sqlsink_shop_3_0_r_1"]}
+    assert check_skip_outside("shop", 1, "/chk", commits, prepared) == frozenset({2, 4})
+    with pytest.raises(ConfigError, match="batch 3 has prepared transactions"):
+        check_skip_outside("shop", 3, "/chk", commits, prepared)
+
+
+def test_the_process_run_id_is_one_per_sink_and_query_and_renewed_once() -> None:
+    from sqlsink.spark.foreach_batch import ProcessRuns
+
+    runs = ProcessRuns()
+    first = runs.get("shop", "q")
+    assert runs.get("shop", "q") == first
+    assert runs.get("shop", "q2") != first and runs.get("other", "q") != first
+    runs.renew("shop", "q", first)
+    second = runs.get("shop", "q")
+    assert second != first
+    runs.renew("shop", "q", first)  # another thread's renewal of the same run: done
+    assert runs.get("shop", "q") == second
+
+
+@pytest.mark.parametrize(
+    ("group", "running", "refused"),
+    [
+        ("3f2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", None, False),
+        ("3f2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", "3f2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", False),
+        ("3f2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", "0a2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", True),
+        ("nightly", None, True),
+        ("nightly", "0a2a5c1e-9b7d-4e2f-8a6c-1d2e3f4a5b6c", True),
+    ],
+)
+def test_a_job_group_that_is_not_the_run_id_is_refused(
+    group: str, running: str | None, refused: bool
+) -> None:
+    from sqlsink.spark.foreach_batch import check_job_group
+
+    if not refused:
+        check_job_group("shop", 4, group, running)
+        return
+    with pytest.raises(ConfigError) as error:
+        check_job_group("shop", 4, group, running)
+    assert str(error.value).startswith(
+        f"sink 'shop': Spark's job group on this foreachBatch thread is {group!r}, "
+    )
+    assert "Nothing was written for batch 4. Fix: don't call setJobGroup" in str(error.value)
