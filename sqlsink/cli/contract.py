@@ -333,6 +333,9 @@ class ForgetDocument(Envelope):
     first_batch: int | None
     last_batch: int | None
     message: str | None  # why it was refused
+    # once forgotten: what a query restarted from its old checkpoint would do (it replays
+    # its last batch against the empty log, writing its rows again)
+    replay_warning: str | None
 
 
 # What ``--json`` prints: a command's document, or (error set) only the envelope.

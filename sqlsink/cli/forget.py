@@ -26,7 +26,19 @@ def start(args: argparse.Namespace, envelope: Envelope) -> ForgetDocument:
         "first_batch": None,
         "last_batch": None,
         "message": None,
+        "replay_warning": None,
     }
+
+
+def replay_warning(sink_id: str, last_batch: int | None) -> str:
+    """What forgetting cannot prevent: the log made a replay of the last batch write
+    nothing, and the checkpoint that would replay it is not in the database."""
+    return (
+        f"a query restarted from its old checkpoint replays its last batch ({last_batch}) "
+        "against the now empty log, so that batch's rows are written again (its driver may "
+        "have stopped after the decision and before Spark recorded the batch); write sink "
+        f"id {sink_id} again only from a new checkpointLocation"
+    )
 
 
 def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
@@ -43,6 +55,8 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
             doc["decisions"] = gone.decisions
             doc["first_batch"] = gone.first_batch
             doc["last_batch"] = gone.last_batch
+            if doc["forgotten"]:
+                doc["replay_warning"] = replay_warning(args.sink_id, gone.last_batch)
     code = EXIT_WARN if doc["message"] else EXIT_OK
     if not out.json_mode:
         header(out, "forget", me)
@@ -53,6 +67,7 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
                 f"forgot sink {args.sink_id}: {doc['decisions']} decided batch(es), "
                 f"{doc['first_batch']} to {doc['last_batch']}; the sink id can be used again"
             )
+            out.line(f"warning: {doc['replay_warning']}")
         else:
             out.line(f"sink {args.sink_id} has no decided batches: nothing to forget")
         out.line()

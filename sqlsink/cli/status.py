@@ -313,6 +313,21 @@ class StatusScan:
         oldest = max(mine, key=lambda p: p["age_seconds"])
         more = f" and {len(reasons) - 3} more" if len(reasons) > 3 else ""
         shown = "; ".join(reasons[:3]) + more
+        if one_off_load(sink_id, [p["run_id"] for p in mine]):
+            message = (
+                f"{len(mine)} prepared transaction(s) of a one-off batch load (a load without "
+                f"sinkId, sink id {sink_id}), whose driver stopped before its commit or abort "
+                f"({shown}; oldest: {oldest['gid']}, {format_age(oldest['age_seconds'])}): no "
+                "later run of this sink id will ever exist, so nothing but sqlsink recover "
+                "finishes them, and meanwhile each holds its locks and blocks VACUUM"
+            )
+            fix = (
+                f"sqlsink recover --url {url} --sink-id {sink_id}  (commits them if the load's "
+                "batch was decided, else rolls them back: then run the load again)"
+                f"{self.out.paste_note}"
+            )
+            self.warnings.append(Notice("warning", message, fix, sink_id))
+            return
         message = (
             f"{len(mine)} prepared transaction(s) have no live run to finish them ({shown}; "
             f"oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
@@ -325,6 +340,13 @@ class StatusScan:
             f"then sqlsink forget --url {url} --sink-id {sink_id}){self.out.paste_note}"
         )
         self.warnings.append(Notice("warning", message, fix, sink_id))
+
+
+def one_off_load(sink_id: str, run_ids: list[str]) -> bool:
+    """Whether the sink is a one-off batch load's: format('sqlsink') without sinkId names
+    it ``load-`` and the first 16 characters of its run id (spark/datasource.py)."""
+    suffix = sink_id.removeprefix("load-")
+    return len(suffix) == 16 and suffix != sink_id and any(r[:16] == suffix for r in run_ids)
 
 
 # -- the command --------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Any, TypeVar
 
 from pyspark.sql.datasource import (
@@ -38,7 +39,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.model import Decision, PartitionOutcome
 from sqlsink.errors import ConfigError, SqlsinkError
 from sqlsink.options import Mode, Semantic, SinkOptions, checkpoint_query_id
 from sqlsink.postgres.target import TargetPlan
@@ -53,6 +54,9 @@ log = logging.getLogger("sqlsink")
 @dataclass
 class SqlsinkCommitMessage(WriterCommitMessage):
     outcome: PartitionOutcome
+    # the rows the task was given, written or not (a task of a decided batch skips them):
+    # a named load run again compares them with its decision (SqlsinkBatchWriter.commit)
+    input_rows: int | None = None
 
 
 class SqlsinkDataSource(DataSource):
@@ -78,6 +82,7 @@ class SqlsinkDataSource(DataSource):
                     "sink"
                 )
             run_id = uuid.uuid4().hex
+            # a one-off load: cli/status.one_off_load knows it by this name
             sink_id = options.sink_id or f"load-{run_id[:16]}"
             writer = SqlsinkBatchWriter(
                 options, schema, sink_id, run_id, one_off=not options.sink_id
@@ -212,7 +217,10 @@ class _SinkWriter:
         token = run_token(self.writer_token, query_id)
         task = current_task(sink_id, batch_id, run_id, query_id, writer_token=token)
         check_partition_cap(self.options, task.partition_id, batch_id)
-        return SqlsinkCommitMessage(write_partition(self.options, self.target, task, iterator))
+        given = _Counted(iterator)
+        outcome = write_partition(self.options, self.target, task, given)
+        given.drain()
+        return SqlsinkCommitMessage(outcome, input_rows=given.rows)
 
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
         outcomes = _outcomes(messages)
@@ -291,6 +299,24 @@ class _SinkWriter:
 
     def _sink_id(self, outcomes: list[PartitionOutcome | None]) -> str | None:
         return self.sink_id or next((o.sink_id for o in outcomes if o is not None), None)
+
+
+class _Counted(Iterator[Any]):
+    """A task's Arrow batches, counted as they are read."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self.batches = iter(batches)
+        self.rows = 0
+
+    def __next__(self) -> Any:
+        batch = next(self.batches)
+        self.rows += batch.num_rows
+        return batch
+
+    def drain(self) -> None:
+        """Read what the write left (Spark wants a task's input read), counting it."""
+        for _ in self:
+            pass
 
 
 # reading a remote checkpoint's metadata in an abort: at most this long
@@ -430,17 +456,68 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
         return self._write(iterator, batch_id=0, run_id=self.run_id, query_id=None)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        sink_id = self._commit(messages, 0)
-        if sink_id is not None and self.one_off:
-            from sqlsink.postgres import appnames, commit_log
-            from sqlsink.postgres.connection import connect
+        from sqlsink.postgres import commit_log
 
-            url, password = self.options.url, self.options.password
-            with connect(url, password, application_name=appnames.ONE_OFF) as conn:
-                commit_log.forget_one_off_load(conn, sink_id)
+        if self.one_off:
+            sink_id = self._commit(messages, 0)
+            if sink_id is not None:
+                with self._connect() as conn:
+                    commit_log.forget_one_off_load(conn, sink_id)
+            return
+        before = self._decision()  # decided before this run's commit: a replay
+        self._commit(messages, 0)
+        after = self._decision()
+        if after is not None and (before is not None or after.run_id not in (None, self.run_id)):
+            given = [m.input_rows for m in messages if isinstance(m, SqlsinkCommitMessage)]
+            rerun(after, sum(n or 0 for n in given))
+
+    def _connect(self) -> Any:
+        from sqlsink.postgres import appnames
+        from sqlsink.postgres.connection import connect
+
+        url, password = self.options.url, self.options.password
+        return connect(url, password, application_name=appnames.ONE_OFF)
+
+    def _decision(self) -> Decision | None:
+        """A named load's one decision (batch 0), if any."""
+        from sqlsink.postgres import commit_log
+
+        sink = str(self.sink_id)
+        with self._connect() as conn:
+            return commit_log.decisions(conn, sink, [(sink, 0)]).get((sink, 0))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages, 0, self.run_id)
+
+
+def rerun(decision: Decision, input_rows: int) -> None:
+    """A named load whose batch another run decided wrote nothing (exactly once: a re-run
+    after a crash, or of a job whose commit was done, must not write twice). Never
+    silently: with the input of that load (as many rows) a warning in the driver's output;
+    with other input a refusal, since that is new data under the old sink id."""
+    sink = decision.sink_id
+    when = f"{decision.decided_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    decided = (
+        f"sink id {sink} decided its batch 0 at {when} ({decision.rows} rows in "
+        f"{len(decision.gids)} partitions, run {decision.run_id}), and a named load is "
+        "written once"
+    )
+    if input_rows != decision.rows:
+        raise ConfigError(
+            f"sqlsink {sink}: refused, nothing of this load is written: {decided}; this "
+            f"load's input has {input_rows} rows, so it is not a re-run of that load. Fix: "
+            "write new data under a new sinkId",
+            sink=sink,
+            batch=0,
+        )
+    log.warning(
+        "sqlsink %s: this load wrote nothing: %s; this load's input has the same %d rows, "
+        "so it was taken for a re-run of that load (after a crash, or a job retried) and "
+        "skipped. If it is new data, write it under a new sinkId",
+        sink,
+        decided,
+        input_rows,
+    )
 
 
 def _outcomes(messages: list[WriterCommitMessage | None]) -> list[PartitionOutcome | None]:

@@ -54,3 +54,35 @@ def test_forget_refuses_a_live_run(pg_url: str, keyed: str, sink: str) -> None:
     Writer(pg_url, keyed, sink, query_id="q").batch(0, range(5))  # runTimeout 5 min
     refused = sqlsink("forget", "--url", pg_url, "--sink-id", sink)
     assert refused.code == 1 and "a live run" in refused.out and "stop the query" in refused.out
+
+
+def test_forget_warns_that_a_replay_from_the_old_checkpoint_writes_again(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """The log is what made a replay of the last batch write nothing; the checkpoint that
+    would replay it is not in the database, so forget says it, in words and in JSON."""
+    writer = Writer(pg_url, keyed, sink, query_id="q", extra={"runTimeout": "1s"})
+    writer.batch(0, range(5))
+    writer.batch(1, range(5, 10))
+    time.sleep(1.2)  # the run is no longer live (runTimeout 1s)
+    warning = (
+        "a query restarted from its old checkpoint replays its last batch (1) against the "
+        "now empty log, so that batch's rows are written again (its driver may have "
+        "stopped after the decision and before Spark recorded the batch); write sink id "
+        f"{sink} again only from a new checkpointLocation"
+    )
+    done = sqlsink("forget", "--url", pg_url, "--sink-id", sink)
+    assert done.code == 0, done.out + done.err
+    said = done.out.splitlines()
+    success = said.index(
+        f"forgot sink {sink}: 2 decided batch(es), 0 to 1; the sink id can be used again"
+    )
+    assert said[success + 1] == f"warning: {warning}", done.out
+
+    writer.batch(0, range(10, 15))  # the sink id again: forgotten with --json this time
+    time.sleep(1.2)
+    as_json = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
+    assert as_json.code == 0, as_json.out + as_json.err
+    assert as_json.json["replay_warning"] == warning.replace("batch (1)", "batch (0)")
+    nothing = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
+    assert (nothing.json["forgotten"], nothing.json["replay_warning"]) == (False, None)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from datetime import timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -10,6 +14,7 @@ from psycopg import sql
 
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer, prepared_transactions
+from tests.programs import run_program
 from tests.spark.streams import table_ids
 
 pytestmark = pytest.mark.spark
@@ -70,3 +75,45 @@ def test_named_load_runs_once(spark: Any, pg_url: str, table: str) -> None:
 def test_overwrite_is_refused(spark: Any, pg_url: str, table: str) -> None:
     with pytest.raises(Exception, match="sqlsink does not overwrite"):
         save(frame(spark, range(0, 10)), pg_url, table, mode="overwrite", createTable="true")
+
+
+def test_a_named_load_run_again_is_never_silent(
+    tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    """A named load run again writes nothing (exactly once: a re-run after a crash must
+    not write twice), and says so: with the same input it warns in the driver's own
+    output; with other input (new data under the old sink id) it is refused, loudly."""
+    sink = f"load-{table[2:]}"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SQLSINK_FAULTS_FILE", None)
+    args = [pg_url, table, sink, "0:300", "0:300", "300:700"]
+    run = run_program("-m", "tests.spark.load_driver", *args, timeout=420, env=env)
+    done = run.stdout.splitlines()
+    assert [line.split(": ")[:2] for line in done] == [
+        ["load 0:300", "ok"],
+        ["load 0:300", "ok"],
+        ["load 300:700", "failed"],
+    ], run.stdout[-4000:] + run.stderr[-4000:]
+    assert table_ids(pg_url, table) == list(range(300))
+    assert prepared_transactions(pg_server.admin_url) == []
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT decided_at, run_id FROM sqlsink.decisions WHERE sink_id = %s", (sink,)
+        ).fetchone()
+    assert row is not None
+    when = f"{row[0].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    said = [line for line in run.stderr.splitlines() if "this load wrote nothing" in line]
+    assert said == [
+        f"sqlsink {sink}: this load wrote nothing: sink id {sink} decided its batch 0 at "
+        f"{when} (300 rows in 4 partitions, run {row[1]}), and a named load is written "
+        "once; this load's input has the same 300 rows, so it was taken for a re-run of "
+        "that load (after a crash, or a job retried) and skipped. If it is new data, "
+        "write it under a new sinkId"
+    ], run.stderr[-4000:]
+    refused = (
+        f"sqlsink {sink}: refused, nothing of this load is written: sink id {sink} decided "
+        f"its batch 0 at {when} (300 rows in 4 partitions, run {row[1]}), and a named "
+        "load is written once; this load's input has 400 rows, so it is not a re-run of "
+        "that load. Fix: write new data under a new sinkId"
+    )
+    assert refused in done[2], done[2]
