@@ -24,10 +24,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlsink.checkpoint.parse import Checkpoint
+from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
+from sqlsink.errors import ConfigError
 from sqlsink.postgres import checkpoint_records, locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
@@ -43,12 +44,20 @@ class Evidence:
     checkpoint: Checkpoint | None
     recorded: frozenset[int]  # batches a commit of a later batch reported lost
     aborted_up_to: int | None  # the highest batch Spark aborted (it ran that far)
+    # the checkpoint was not given but read where the query's runs recorded it
+    from_record: bool = False
 
     def why(self, batch: int) -> str | None:
         """Why batch ``batch`` was committed by Spark; None when nothing shows it."""
-        if self.checkpoint is not None:  # the checkpoint, when given, is the authority
+        if self.checkpoint is not None:  # the checkpoint, when read, is the authority
             if batch in self.checkpoint.commits:
-                return f"Spark's checkpoint records it as committed (commits/{batch})"
+                where = (
+                    f" (the checkpoint this sink's query recorded ({self.checkpoint.path}), "
+                    "read by this command)"
+                    if self.from_record
+                    else ""
+                )
+                return f"Spark's checkpoint records it as committed (commits/{batch}){where}"
             return None
         if batch in self.recorded:
             return "a commit of a later batch found its decision missing"
@@ -60,7 +69,9 @@ class Evidence:
         return None
 
 
-def evidence(conn: Connection, sink_id: str, checkpoint: Checkpoint | None) -> Evidence:
+def evidence(
+    conn: Connection, sink_id: str, checkpoint: Checkpoint | None, from_record: bool = False
+) -> Evidence:
     recorded = {
         b
         for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
@@ -70,7 +81,54 @@ def evidence(conn: Connection, sink_id: str, checkpoint: Checkpoint | None) -> E
     aborted = [
         r.aborted_batch for r in run_registry.runs(conn, sink_id) if r.aborted_batch is not None
     ]
-    return Evidence(checkpoint, frozenset(recorded), max(aborted, default=None))
+    return Evidence(checkpoint, frozenset(recorded), max(aborted, default=None), from_record)
+
+
+@dataclass(frozen=True)
+class RecordedCheckpoint:
+    """The checkpoint the sink's query recorded (its runs' checkpoint checks), as read here."""
+
+    location: str | None  # the newest recorded (as shown: no secrets); None: none recorded
+    checkpoint: Checkpoint | None  # read; None: not recorded, or not readable from here
+    unreadable: str | None  # why it could not be read
+
+    def why_unread(self) -> str:
+        if self.location is None:
+            return (
+                "no checkpoint of this sink's query is recorded (no run of it checked one) "
+                "and none was given"
+            )
+        return (
+            f"the checkpoint this sink's query recorded, {self.location}, cannot be read: "
+            f"{self.unreadable}"
+        )
+
+
+def recorded_checkpoint(conn: Connection, sink_id: str, query_id: str | None) -> RecordedCheckpoint:
+    """Read the newest checkpoint location the sink's runs recorded, if it is readable from
+    here (a local path, a ``file:`` URI, or what ``pyarrow.fs`` reads) and is the bound
+    query's."""
+    location = next(
+        (
+            row.location
+            for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
+            if row.location is not None
+        ),
+        None,
+    )
+    if location is None:
+        return RecordedCheckpoint(None, None, None)
+    try:
+        read = read_checkpoint(location)
+    except (ConfigError, OSError, ValueError) as exc:
+        return RecordedCheckpoint(location, None, str(exc))
+    if query_id is not None and read.query_id != query_id:
+        return RecordedCheckpoint(
+            location,
+            None,
+            f"it belongs to query {read.query_id}, and the sink is bound to query {query_id}",
+        )
+    return RecordedCheckpoint(location, read, None)
 
 
 @dataclass(frozen=True)
