@@ -41,6 +41,7 @@ from sqlsink.cli.recover_lost import (
     recorded_checkpoint,
     requests,
     undecided_prepared,
+    unsure_batches,
 )
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
@@ -211,38 +212,12 @@ class Recovery:
         unsure: frozenset[int] = frozenset()
         if proof.checkpoint is None and sink.bound_query is not None:
             named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
-            undecided = undecided_prepared(self.backend, sink.sink_id, highest)
-            # a live run's prepared batch is one Spark runs now: neither it nor a later one
-            # was committed by Spark
-            running = min(
-                (
-                    b
-                    for b, txns in undecided.items()
-                    for t in txns
-                    if (g := Gid.parse(t.gid)) is not None and g.run_id in live
-                ),
-                default=None,
-            )
-            # a run's own abort of a batch: Spark did not commit it in that run; a run named
-            # by --force --run-id: the operator declared its transactions to be resolved
-            aborted = {r.run_id: r.aborted_batch for r in sink.runs}
-            forced = set(sink.named)
-
-            def maybe_committed(batch: int) -> bool:
-                return any(
-                    (g := Gid.parse(t.gid)) is not None
-                    and aborted.get(g.run_id) != batch
-                    and g.run_id not in forced
-                    for t in undecided[batch]
-                )
-
-            unsure = frozenset(
-                b
-                for b in undecided
-                if b not in lost
-                and b not in named
-                and (running is None or b < running)
-                and maybe_committed(b)
+            unsure = unsure_batches(
+                undecided_prepared(self.backend, sink.sink_id, highest),
+                lost | frozenset(named),
+                live,
+                {r.run_id: r.aborted_batch for r in sink.runs},
+                frozenset(sink.named),
             )
             sink.unread = self._recorded(sink.sink_id).why_unread()
         sink.scope = Scope.everything(live, lost, unsure, highest)

@@ -445,3 +445,87 @@ def test_plain_recover_still_rolls_back_a_crashed_batch(
     assert doc["checkpoint_read"] == str(chk) and doc["undecided_kept_batches"] == []
     assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1]
     assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1]]
+
+
+def test_a_re_runs_partial_leftovers_of_a_batch_once_lost_are_not_named_for_commit_lost(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The loss of batch 2 was recorded (the commit of batch 3 found it); the operator chose
+    to re-deliver it (the checkpoint rewound to 2). The re-run prepared partition 0 of batch
+    2 and its driver died. Its leftover is part of a re-run, not the lost copy: recover
+    without a readable checkpoint must not advise committing it, --commit-lost refuses."""
+    chk = tmp_path / "chk"
+    old, policy, _ = lost_batch_2(pg_url, keyed, sink, chk)
+    restarted = new_run(old)
+    with pytest.raises(DataLossError):
+        commit_checked(restarted, 3, [restarted.write(3, BATCH_ROWS[3])], policy)
+    for name in ("commits/2", "commits/.2.crc", "offsets/3", "offsets/.3.crc"):
+        (chk / name).unlink(missing_ok=True)
+    rerun = new_run(old)
+    partial = str(rerun.write(2, range(20, 23), 0).gid)  # partition 1 never ran
+    assert prepared_of(pg_url, sink) == [partial]
+    driver_gone(pg_url, sink, "1 hour")
+    away = tmp_path / "elsewhere"
+    chk.rename(away)
+
+    looked = recover(pg_url, sink)
+    assert prepared_of(pg_url, sink) == [partial]
+    assert looked.code == 1, looked.out + looked.err
+    [doc] = looked.json["sinks"]
+    assert doc["lost_decision_batches"] == [] and doc["undecided_kept_batches"] == [2]
+    assert not any("--commit-lost" in (w["fix"] or "") for w in looked.json["warnings"])
+    assert "--commit-lost" not in looked.out
+
+    refused = recover(pg_url, sink, "--commit-lost", "2")
+    assert refused.code == 2, refused.out + refused.err
+    assert refused.json["error"]["message"] == (
+        f"sink {sink}: batch 2's prepared transaction(s) {partial} are of run {rerun.run}, "
+        "which started after what shows that Spark committed batch 2 (a commit of a later "
+        "batch found its decision missing): a re-run of the batch (its checkpoint rewound), "
+        "not the lost copy, and maybe part of it; nothing was decided"
+    ), refused.json["error"]["message"]
+    assert refused.json["error"]["fix"] == (
+        "restart the query: it runs batch 2 again, and its first task rolls these back; or "
+        "pass --checkpoint DIR to check batch 2 against Spark's commit log"
+    )
+    assert prepared_of(pg_url, sink) == [partial] and decided(pg_url, sink) == [0, 1]
+
+    # with the checkpoint readable again (no commits/2): a dead run's leftover, rolled back
+    away.rename(chk)
+    done = recover(pg_url, sink)
+    assert done.code == 0, done.out + done.err
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1]
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1]]
+
+
+def test_commit_lost_after_a_failover_that_lost_a_partitions_prepare_says_what_it_cannot_see(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The standby received partition 0's PREPARE of batch 2, not partition 1's: nothing in
+    the database tells (an empty partition prepares nothing either). The texts say so and
+    offer the re-run; --commit-lost commits what is left, exactly that."""
+    chk = tmp_path / "chk"
+    _, _, lost = lost_batch_2(pg_url, keyed, sink, chk)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the PREPARE the failover lost
+        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(lost[1])))
+    driver_gone(pg_url, sink, "1 hour")
+
+    looked = recover(pg_url, sink)
+    assert looked.code == 1 and prepared_of(pg_url, sink) == [lost[0]]
+    [warning] = [w for w in looked.json["warnings"] if "--commit-lost" in (w["fix"] or "")]
+    assert (
+        "they hold the rows of each partition whose PREPARE survived: if the failover lost "
+        "some, theirs are missing and nothing here can tell; re-running batch 2 from the "
+        "rewound checkpoint, when the source still holds it, is exact either way"
+    ) in warning["fix"], warning["fix"]
+
+    done = recover(pg_url, sink, "--commit-lost", "2")
+    assert done.code == 0, done.out + done.err
+    [said] = [w["message"] for w in done.json["warnings"] if "decided batch 2" in w["message"]]
+    assert said == (
+        f"decided batch 2 with its 1 prepared transaction(s) ({lost[0]}): the recovery commits "
+        "them (the rows of each partition whose PREPARE survived the failover: one whose "
+        "PREPARE it lost cannot be seen here)"
+    )
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1], 20, 21, 22]
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1, 2]

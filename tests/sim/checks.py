@@ -74,12 +74,9 @@ KNOWN: dict[str, str] = {
     # windows of the core this simulation found, while they stay open (each was tolerated
     # and counted until its fix; closed: run_registry.register_run's ``admit``,
     # Committer.resolve_leftovers registering again under the lock, and issue 26's C1
-    # "lost-decision-rolled-back" (fix/cone), R1 "abort-acts-on-another-query" and R2
+    # "lost-decision-rolled-back" (fix/cone) and "lost-decision-rolled-back-blind" (a
+    # recover without --checkpoint: fix/recover), R1 "abort-acts-on-another-query" and R2
     # "live-session-ended" (fix/rone)). Open:
-    "lost-decision-rolled-back-blind": "C1, what is left of it with fix/cone: a sqlsink "
-    "recover without --checkpoint, between a failover and the next commit of the query "
-    "(the driver died without an abort, or its abort's mark went with the failover), rolls "
-    "back the last copy of a batch Spark committed: nothing in the commit log shows it yet",
     "lost-decision-inferred-across-writers": "fix/cone infers a lost decision from another "
     "writer's batches: on a sink no writer has decided a batch of (a fresh sink id, or after "
     "forget), an undecided batch of one writer (a query's in flight, a batch load's leftover) "
