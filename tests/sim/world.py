@@ -1475,6 +1475,12 @@ class World:
             # commit once found lost keeps its re-run's leftovers (what the log recorded
             # stays after the operator re-delivered it), and recover tells to commit them
             owner = self.query_of(self.checker.owner.get((sink, self.checker.epoch[sink])))
+            row = self.server.log(DB).sinks.get(sink)
+            if owner is None and row is not None:  # the query the sink is bound to now
+                owner = next(
+                    (q for q in self.queries if q.sink == sink and q.query_id == row.query_id),
+                    None,
+                )
             self.spawn(f"final recover {sink}", "final", self.recover_program(sink, True, owner))
         saved = self.profile
         self.profile = replace(saved, calm_after=0)
