@@ -958,7 +958,21 @@ class World:
         if checkpoint is not None:
             given = Checkpoint(f"sim://{checkpoint.name}/checkpoint", checkpoint.query_id)
             given.commits = set(checkpoint.commits)
-        return Evidence(given, recorded, aborted, from_record)
+        runs = [r for (s, _), r in self.server.log(backend.database).runs.items() if s == sink]
+        checkers: dict[int, frozenset[str]] = {}
+        for r in runs:
+            if r.checkpoint_verdict == "loss":
+                for b in r.checkpoint_lost:
+                    checkers[b] = checkers.get(b, frozenset()) | {r.run_id}
+        return Evidence(
+            given,
+            recorded,
+            aborted,
+            from_record,
+            {r.run_id: r.first_seen for r in runs},
+            checkers,
+            {r.run_id: r.aborted_batch for r in runs if r.aborted_batch is not None},
+        )
 
     def _recover_scope(
         self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
