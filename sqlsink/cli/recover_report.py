@@ -356,8 +356,9 @@ def _undecided_notice(sink: SinkRecovery, batch: int, gids: list[str], dry_run: 
         f"committed it ({sink.unread}), so they may hold the only copy of its rows and {verb} "
         "left prepared",
         f"pass the query's checkpoint: sqlsink recover --sink-id {s} --checkpoint DIR; or "
-        f"restart the query (its first commit rolls them back if Spark runs batch {batch} "
-        f"again, or reports the loss); or, if Spark's checkpoint has no commits/{batch}, roll "
+        f"restart the query (its first task rolls them back if Spark runs batch {batch} "
+        f"again, else its commit reports the loss); or, if Spark's checkpoint has no "
+        f"commits/{batch}, roll "
         f"them back: sqlsink recover --sink-id {s} --rollback-undecided {batch}",
         s,
     )

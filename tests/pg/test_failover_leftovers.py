@@ -398,10 +398,17 @@ def test_plain_recover_without_a_readable_checkpoint_keeps_undecided_leftovers(
     ), warning["message"]
     assert warning["fix"] == (
         f"pass the query's checkpoint: sqlsink recover --sink-id {sink} --checkpoint DIR; or "
-        "restart the query (its first commit rolls them back if Spark runs batch 2 again, "
-        "or reports the loss); or, if Spark's checkpoint has no commits/2, roll them back: "
+        "restart the query (its first task rolls them back if Spark runs batch 2 again, "
+        "else its commit reports the loss); or, if Spark's checkpoint has no commits/2, roll "
+        "them back: "
         f"sqlsink recover --sink-id {sink} --rollback-undecided 2"
     ), warning["fix"]
+
+    human = sqlsink("recover", "--url", pg_url, "--sink-id", sink)
+    assert human.code == 1 and "--rollback-undecided 2" in human.out
+    planned = recover(pg_url, sink, "--dry-run")
+    assert planned.json["sinks"][0]["undecided_kept_batches"] == [2]
+    assert prepared_of(pg_url, sink) == lost
 
     # the checkpoint readable again, and recording commits/2: the flag is refused
     away.rename(chk)
