@@ -134,6 +134,12 @@ class RecoverSinkJson(TypedDict):
     # undecided batches Spark went past (its checkpoint, or the commit log's record): their
     # decision was lost, and their prepared transactions were left (--commit-lost commits them)
     lost_decision_batches: list[int]
+    # the checkpoint whose commits/ was read (--checkpoint, or the one the sink's query
+    # recorded, when readable here); null: none was read
+    checkpoint_read: str | None
+    # undecided batches above the highest decided one of a streaming sink whose prepared
+    # transactions were left because no checkpoint was read (--rollback-undecided K)
+    undecided_kept_batches: list[int]
 
 
 class ActionJson(TypedDict):
@@ -193,6 +199,7 @@ class RecoverDocument(Envelope):
     checkpoint: CheckpointJson | None  # null without --checkpoint
     commit_lost: list[int]  # --commit-lost: batches to decide with their prepared transactions
     mark_skipped: list[int]  # --mark-skipped: batches to record without rows
+    rollback_undecided: list[int]  # --rollback-undecided: batches named as not committed
 
 
 # -- status -------------------------------------------------------------------------------

@@ -202,6 +202,16 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "(repeat for\nseveral). Refused on the same terms as --commit-lost,\nand when N "
         "has prepared transactions",
     )
+    p.add_argument(
+        "--rollback-undecided",
+        action="append",
+        type=_batch_id,
+        metavar="K",
+        help="a batch above the highest decided one of a streaming\nsink that you know "
+        "Spark did not commit (no commits/K):\nroll back its prepared transactions. Without "
+        "a readable\ncheckpoint they are kept (Spark may have committed K and\nlost its "
+        "decision); refused when a checkpoint read\nrecords K as committed",
+    )
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument(
         "--run-id",

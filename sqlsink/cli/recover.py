@@ -32,7 +32,17 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_id_of_checkpoint,
 )
-from sqlsink.cli.recover_lost import Decider, Evidence, evidence, lost_batches, requests
+from sqlsink.cli.recover_lost import (
+    Decider,
+    Evidence,
+    RecordedCheckpoint,
+    evidence,
+    lost_batches,
+    recorded_checkpoint,
+    requests,
+    undecided_prepared,
+    unsure_batches,
+)
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
@@ -93,6 +103,8 @@ class Recovery:
     bound: dict[str, pg_decisions.SinkRow]  # every sink of the database, with its query
     checkpoint: Checkpoint | None = None  # --checkpoint (of sink_id)
     decided: list[int] = field(default_factory=list)  # decided by --commit-lost/--mark-skipped
+    rollback_undecided: list[int] = field(default_factory=list)  # --rollback-undecided
+    recorded: dict[str, RecordedCheckpoint] = field(default_factory=dict)  # read once a sink
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
     total: int = 0  # prepared transactions to finish, for the progress notes
@@ -168,18 +180,74 @@ class Recovery:
         return done
 
     def _evidence(self, sink_id: str) -> Evidence:
-        """What shows that Spark went past a batch of this sink (``recover_lost``)."""
-        checkpoint = self.checkpoint if sink_id == self.sink_id else None
-        return evidence(self.conn, sink_id, checkpoint)
+        """What shows that Spark went past a batch of this sink (``recover_lost``): the
+        checkpoint given, else the one the sink's query recorded when it is readable here."""
+        if self.checkpoint is not None and sink_id == self.sink_id:
+            return evidence(self.conn, sink_id, self.checkpoint)
+        recorded = self._recorded(sink_id)
+        return evidence(
+            self.conn, sink_id, recorded.checkpoint, from_record=recorded.checkpoint is not None
+        )
+
+    def _recorded(self, sink_id: str) -> RecordedCheckpoint:
+        if sink_id not in self.recorded:
+            row = self.bound.get(sink_id)
+            query = row.query_id if row else None
+            self.recorded[sink_id] = recorded_checkpoint(self.conn, sink_id, query)
+        return self.recorded[sink_id]
 
     def _scope(self, sink: SinkRecovery, live: frozenset[str] | None = None) -> Scope:
-        """Everything but the live runs' transactions (None: the registry's now) and those
-        of batches whose decision was lost (read again under the lock before acting)."""
-        sink.lost_decisions = lost_batches(self.backend, sink.sink_id, self._evidence(sink.sink_id))
+        """Everything but the live runs' transactions (None: the registry's now), those
+        of batches whose decision was lost (read again under the lock before acting), and,
+        when no checkpoint of a streaming sink's query was read, those of undecided batches
+        above the highest decided one (Spark may have committed them), but the batches
+        named by --rollback-undecided."""
+        proof = self._evidence(sink.sink_id)
+        sink.checkpoint_read = None if proof.checkpoint is None else str(proof.checkpoint.path)
+        sink.lost_decisions = lost_batches(self.backend, sink.sink_id, proof)
         lost = frozenset(b.batch_id for b in sink.lost_decisions)
         if live is None:
             live = frozenset(run for _, run in self.backend.live_runs(sink.sink_id))
-        return Scope.everything(live, lost)
+        highest = self.backend.highest_decided(sink.sink_id)
+        unsure: frozenset[int] = frozenset()
+        if proof.checkpoint is None and sink.bound_query is not None:
+            named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
+            unsure = unsure_batches(
+                undecided_prepared(self.backend, sink.sink_id, highest),
+                lost | frozenset(named),
+                live,
+                {r.run_id: r.aborted_batch for r in sink.runs},
+                frozenset(sink.named),
+            )
+            sink.unread = self._recorded(sink.sink_id).why_unread()
+        sink.scope = Scope.everything(live, lost, unsure, highest)
+        return sink.scope
+
+    def check_rollback_undecided(self) -> None:
+        """--rollback-undecided K: refused when anything read shows that Spark committed K
+        (its transactions then hold the only copy of its rows)."""
+        if not self.rollback_undecided:
+            return
+        assert self.sink_id is not None
+        proof = self._evidence(self.sink_id)
+        for batch in sorted(set(self.rollback_undecided)):
+            why = proof.why(batch)
+            if why is None:
+                continue
+            checkpoint = proof.checkpoint
+            if checkpoint is not None:
+                why = (
+                    f"Spark's checkpoint {checkpoint.path} records batch {batch} as committed "
+                    f"(commits/{batch})"
+                )
+            else:
+                why = f"batch {batch} was committed by Spark: {why}"
+            raise CliError(
+                f"sink {self.sink_id}: {why}: its transactions hold the only copy of its "
+                "rows; nothing was rolled back",
+                f"commit them instead: sqlsink recover --sink-id {self.sink_id} --commit-lost "
+                f"{batch}",
+            )
 
     def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
         """The sink's runs; those live (and not named dead) keep their gids."""
@@ -333,6 +401,7 @@ def start(args: argparse.Namespace, envelope: Envelope) -> RecoverDocument:
         "checkpoint": None,
         "commit_lost": sorted(set(args.commit_lost or [])),
         "mark_skipped": sorted(set(args.mark_skipped or [])),
+        "rollback_undecided": sorted(set(args.rollback_undecided or [])),
     }
 
 
@@ -353,6 +422,12 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             "--commit-lost and --mark-skipped decide batches of one sink: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
         )
+    rollback_undecided = sorted(set(args.rollback_undecided or []))
+    if rollback_undecided and sink_id is None:
+        raise CliError(
+            "--rollback-undecided names batches of one sink: name the sink",
+            "add --sink-id ID (or --checkpoint DIR of its query)",
+        )
     with open_connection(args.url, "recover", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
@@ -369,9 +444,11 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             args.lock_timeout,
             pg_decisions.sinks(conn),
             checkpoint,
+            rollback_undecided=rollback_undecided,
         )
         if checkpoint is not None and sink_id is not None:
             check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
+        recovery.check_rollback_undecided()
         mode = " (dry run: nothing is changed)" if args.dry_run else ""
         header(out, "recover", me, mode)
         if commit_lost or mark_skipped:

@@ -21,13 +21,14 @@ unless the evidence holds; each refusal says why and changes nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-from sqlsink.checkpoint.parse import Checkpoint
+from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
+from sqlsink.errors import ConfigError
 from sqlsink.postgres import checkpoint_records, locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
@@ -43,12 +44,38 @@ class Evidence:
     checkpoint: Checkpoint | None
     recorded: frozenset[int]  # batches a commit of a later batch reported lost
     aborted_up_to: int | None  # the highest batch Spark aborted (it ran that far)
+    # the checkpoint was not given but read where the query's runs recorded it
+    from_record: bool = False
+    # when each run registered (seconds since the epoch), and the runs whose commit or
+    # abort is the evidence, by batch: a run registered after them re-ran the batch
+    seen: Mapping[str, float] = field(default_factory=dict)
+    checkers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # recorded K lost
+    aborts: Mapping[str, int] = field(default_factory=dict)  # run -> the batch it aborted
+
+    def stranger(self, batch: int, run_id: str) -> bool:
+        """Whether ``run_id``'s gids of ``batch`` cannot be the lost copy the evidence is
+        about: without a checkpoint, a run registered after every run whose commit or abort
+        showed that Spark committed the batch (the original run registered before them: it
+        prepared the batch before Spark committed it) re-ran it after a rewind; a run the
+        registry does not know is not shown to be the original either."""
+        if self.checkpoint is not None or not self.seen:
+            return False
+        runs = {*self.checkers.get(batch, ()), *(r for r, a in self.aborts.items() if a > batch)}
+        witnesses = [self.seen[r] for r in runs if r in self.seen]
+        mine = self.seen.get(run_id)
+        return mine is None or not witnesses or mine > max(witnesses)
 
     def why(self, batch: int) -> str | None:
         """Why batch ``batch`` was committed by Spark; None when nothing shows it."""
-        if self.checkpoint is not None:  # the checkpoint, when given, is the authority
+        if self.checkpoint is not None:  # the checkpoint, when read, is the authority
             if batch in self.checkpoint.commits:
-                return f"Spark's checkpoint records it as committed (commits/{batch})"
+                where = (
+                    f" (the checkpoint this sink's query recorded ({self.checkpoint.path}), "
+                    "read by this command)"
+                    if self.from_record
+                    else ""
+                )
+                return f"Spark's checkpoint records it as committed (commits/{batch}){where}"
             return None
         if batch in self.recorded:
             return "a commit of a later batch found its decision missing"
@@ -60,17 +87,77 @@ class Evidence:
         return None
 
 
-def evidence(conn: Connection, sink_id: str, checkpoint: Checkpoint | None) -> Evidence:
-    recorded = {
-        b
+def evidence(
+    conn: Connection, sink_id: str, checkpoint: Checkpoint | None, from_record: bool = False
+) -> Evidence:
+    checks = [
+        row
         for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
         if row.verdict == "loss"
-        for b in row.lost
-    }
-    aborted = [
-        r.aborted_batch for r in run_registry.runs(conn, sink_id) if r.aborted_batch is not None
     ]
-    return Evidence(checkpoint, frozenset(recorded), max(aborted, default=None))
+    recorded = {b for row in checks for b in row.lost}
+    runs = run_registry.runs(conn, sink_id)
+    aborted = [r.aborted_batch for r in runs if r.aborted_batch is not None]
+    checkers: dict[int, set[str]] = defaultdict(set)
+    for row in checks:
+        for b in row.lost:
+            checkers[b].add(row.run_id)
+    return Evidence(
+        checkpoint,
+        frozenset(recorded),
+        max(aborted, default=None),
+        from_record,
+        {r.run_id: r.first_seen.timestamp() for r in runs},
+        {b: frozenset(w) for b, w in checkers.items()},
+        {r.run_id: r.aborted_batch for r in runs if r.aborted_batch is not None},
+    )
+
+
+@dataclass(frozen=True)
+class RecordedCheckpoint:
+    """The checkpoint the sink's query recorded (its runs' checkpoint checks), as read here."""
+
+    location: str | None  # the newest recorded (as shown: no secrets); None: none recorded
+    checkpoint: Checkpoint | None  # read; None: not recorded, or not readable from here
+    unreadable: str | None  # why it could not be read
+
+    def why_unread(self) -> str:
+        if self.location is None:
+            return (
+                "no checkpoint of this sink's query is recorded (no run of it checked one) "
+                "and none was given"
+            )
+        return (
+            f"the checkpoint this sink's query recorded, {self.location}, cannot be read: "
+            f"{self.unreadable}"
+        )
+
+
+def recorded_checkpoint(conn: Connection, sink_id: str, query_id: str | None) -> RecordedCheckpoint:
+    """Read the newest checkpoint location the sink's runs recorded, if it is readable from
+    here (a local path, a ``file:`` URI, or what ``pyarrow.fs`` reads) and is the bound
+    query's."""
+    location = next(
+        (
+            row.location
+            for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
+            if row.location is not None
+        ),
+        None,
+    )
+    if location is None:
+        return RecordedCheckpoint(None, None, None)
+    try:
+        read = read_checkpoint(location)
+    except (ConfigError, OSError, ValueError) as exc:
+        return RecordedCheckpoint(location, None, str(exc))
+    if query_id is not None and read.query_id != query_id:
+        return RecordedCheckpoint(
+            location,
+            None,
+            f"it belongs to query {read.query_id}, and the sink is bound to query {query_id}",
+        )
+    return RecordedCheckpoint(location, read, None)
 
 
 @dataclass(frozen=True)
@@ -96,15 +183,62 @@ def undecided_prepared(
     return dict(sorted(found.items()))
 
 
+def unsure_batches(
+    undecided: Mapping[int, list[PreparedTransaction]],
+    settled: frozenset[int],
+    live: frozenset[str],
+    aborted: Mapping[str, int | None],
+    forced: frozenset[str],
+) -> frozenset[int]:
+    """The undecided batches (above the highest decided one) of a streaming sink that Spark
+    may have committed, when no checkpoint was read: all but those ``settled`` (lost, or
+    named by --rollback-undecided), a batch a live run has prepared and any later one
+    (Spark is running it), and a batch whose every gid is of a run that recorded its
+    abort of that batch or of a run --force --run-id declared dead."""
+    running = min(
+        (
+            b
+            for b, txns in undecided.items()
+            for t in txns
+            if (g := Gid.parse(t.gid)) is not None and g.run_id in live
+        ),
+        default=None,
+    )
+
+    def maybe_committed(batch: int) -> bool:
+        return any(
+            (g := Gid.parse(t.gid)) is not None
+            and aborted.get(g.run_id) != batch
+            and g.run_id not in forced
+            for t in undecided[batch]
+        )
+
+    return frozenset(
+        b
+        for b in undecided
+        if b not in settled and (running is None or b < running) and maybe_committed(b)
+    )
+
+
 def lost_batches(backend: PostgresBackend, sink_id: str, proof: Evidence) -> list[LostBatch]:
     """The batches whose prepared transactions ``recover`` must leave (read under the lock)."""
     highest = backend.highest_decided(sink_id)
     lost = []
     for batch, txns in undecided_prepared(backend, sink_id, highest).items():
         why = proof.why(batch)
-        if why is not None:
+        if why is not None and not _strangers(proof, batch, txns):
             lost.append(LostBatch(batch, tuple(sorted(t.gid for t in txns)), why))
     return lost
+
+
+def _strangers(proof: Evidence, batch: int, txns: list[PreparedTransaction]) -> dict[str, str]:
+    """The gids of ``batch`` (gid -> run) that cannot be its lost copy (``Evidence.stranger``):
+    a batch with any is not taken for a lost one (a re-run's leftovers after a rewind)."""
+    return {
+        t.gid: g.run_id
+        for t in txns
+        if (g := Gid.parse(t.gid)) is not None and proof.stranger(batch, g.run_id)
+    }
 
 
 def lost_notice(sink_id: str, lost: LostBatch, out: Output, dry_run: bool) -> Notice:
@@ -116,7 +250,10 @@ def lost_notice(sink_id: str, lost: LostBatch, out: Output, dry_run: bool) -> No
         f"asynchronous failover or a restore). They hold its rows, the only copy left, and "
         f"{verb} left prepared",
         f"commit them: sqlsink recover --sink-id {sink_id} --commit-lost {lost.batch_id} "
-        f"--url {out.paste_url}{out.paste_note} (stop the query first; {RUNBOOK})",
+        f"--url {out.paste_url}{out.paste_note} (stop the query first; they hold the rows of "
+        "each partition whose PREPARE survived: if the failover lost some, theirs are missing "
+        f"and nothing here can tell; re-running batch {lost.batch_id} from the rewound "
+        f"checkpoint, when the source still holds it, is exact either way; {RUNBOOK})",
         sink_id,
     )
 
@@ -168,7 +305,8 @@ class Decider:
         verb = "would decide" if dry_run else "decided"
         return [
             f"{verb} batch {r.batch_id} with its {len(g)} prepared transaction(s) "
-            f"({', '.join(g)}): the recovery commits them"
+            f"({', '.join(g)}): the recovery commits them (the rows of each partition whose "
+            "PREPARE survived the failover: one whose PREPARE it lost cannot be seen here)"
             if r.commit
             else f"{verb} batch {r.batch_id} as a batch without rows (an empty decision)"
             for r, g in plans
@@ -207,6 +345,8 @@ class Decider:
                 )
             self._check_below(batch, highest, asked, pending)
             self._check_proof(batch)
+            if request.commit:
+                self._check_original(batch, txns)
             plans.append((request, gids))
             highest = batch
         return plans
@@ -275,6 +415,22 @@ class Decider:
                 "name them in the same command: --commit-lost B for a batch with prepared "
                 "transactions, --mark-skipped B for one without",
             )
+
+    def _check_original(self, batch: int, txns: list[PreparedTransaction]) -> None:
+        """Without a checkpoint, the gids must be of a run that started before what shows
+        that Spark committed the batch: a later run's are a re-run's, maybe partial."""
+        strangers = _strangers(self.proof, batch, txns)
+        if not strangers:
+            return
+        why = self.proof.why(batch)
+        self._refuse(
+            f"batch {batch}'s prepared transaction(s) {', '.join(sorted(strangers))} are of run "
+            f"{', '.join(sorted(set(strangers.values())))}, which started after what shows that "
+            f"Spark committed batch {batch} ({why}): a re-run of the batch (its checkpoint "
+            "rewound), not the lost copy, and maybe part of it",
+            f"restart the query: it runs batch {batch} again, and its first task rolls these "
+            f"back; or pass --checkpoint DIR to check batch {batch} against Spark's commit log",
+        )
 
     def _check_proof(self, batch: int) -> None:
         if self.proof.why(batch) is not None:

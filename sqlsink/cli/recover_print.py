@@ -74,8 +74,8 @@ def _print_left(left: list[ActionJson], out: Output) -> None:
     out.line()
     out.line(
         "left untouched (a live run's, which its own commit finishes; a batch whose "
-        "decision was lost, for --commit-lost; not provably the recovered sinks'; or in "
-        "another database):"
+        "decision was lost, for --commit-lost; a batch Spark may have committed, when no "
+        "checkpoint was read; not provably the recovered sinks'; or in another database):"
     )
     rows = [
         [j["gid"], j["database"], j["owner"], format_age(j["age_seconds"]), j["reason"]]

@@ -62,6 +62,19 @@ class SinkRecovery:
     # batches Spark went past without a decision: their transactions are left prepared
     lost_decisions: list[LostBatch] = field(default_factory=list)
     decided_batches: list[int] = field(default_factory=list)  # --commit-lost, --mark-skipped
+    scope: Scope | None = None  # the scope of the last plan
+    checkpoint_read: str | None = None  # the checkpoint read (given, or the one recorded)
+    unread: str | None = None  # why no checkpoint of a streaming sink's query was read
+
+    def undecided_kept(self) -> dict[int, list[str]]:
+        """Undecided gids left because no checkpoint was read (``Scope.unsure``), by batch."""
+        kept: dict[int, list[str]] = {}
+        if self.plan is None or self.scope is None:
+            return kept
+        for a in self.plan.actions:
+            if a.gid is not None and a.reason == self.scope.unsure_decision(a.gid):
+                kept.setdefault(a.gid.batch_id, []).append(a.prepared.gid)
+        return {b: sorted(g) for b, g in sorted(kept.items())}
 
     @property
     def live(self) -> bool:
@@ -194,6 +207,10 @@ def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice
         message = f"{n} prepared transaction(s) to finish"
         warnings.append(Notice("info", message, f"run: {fix_cmd}", sink.sink_id))
     warnings += [lost_notice(sink.sink_id, lost, out, dry_run) for lost in sink.lost_decisions]
+    warnings += [
+        _undecided_notice(sink, batch, gids, dry_run)
+        for batch, gids in sink.undecided_kept().items()
+    ]
     if sink.status != "refused":
         warnings += [_live_run_notice(sink, run, dry_run, fix_cmd) for run in sink.treated_live]
     warnings += _fenced_notices(sink, dry_run)
@@ -321,7 +338,30 @@ def sink_json(sink: SinkRecovery, actions: list[ActionJson]) -> RecoverSinkJson:
         "ended_sessions": list(sink.ended),
         "decided_batches": list(sink.decided_batches),
         "lost_decision_batches": [b.batch_id for b in sink.lost_decisions],
+        "checkpoint_read": sink.checkpoint_read,
+        "undecided_kept_batches": list(sink.undecided_kept()),
     }
+
+
+def _undecided_notice(sink: SinkRecovery, batch: int, gids: list[str], dry_run: bool) -> Notice:
+    """Undecided leftovers above the highest decided batch, kept: no checkpoint was read."""
+    scope, s = sink.scope, sink.sink_id
+    highest = None if scope is None else scope.highest_decided
+    verb = "would be" if dry_run else "were"
+    return Notice(
+        "warning",
+        f"batch {batch} has no decision, but its {len(gids)} transaction(s) are still prepared "
+        f"({', '.join(gids)}) above the highest decided batch "
+        f"({'none' if highest is None else highest}): nothing read here shows whether Spark "
+        f"committed it ({sink.unread}), so they may hold the only copy of its rows and {verb} "
+        "left prepared",
+        f"pass the query's checkpoint: sqlsink recover --sink-id {s} --checkpoint DIR; or "
+        f"restart the query (its first task rolls them back if Spark runs batch {batch} "
+        f"again, else its commit reports the loss); or, if Spark's checkpoint has no "
+        f"commits/{batch}, roll "
+        f"them back: sqlsink recover --sink-id {s} --rollback-undecided {batch}",
+        s,
+    )
 
 
 def recover_exit_code(

@@ -31,6 +31,9 @@ under the sink lock), or of a batch the caller knows Spark committed (``lost``:
 ``recover`` with Spark's checkpoint, or the commit log's own record of the loss), holds
 the rows of a batch whose decision a failover or a restore took away: the only copy
 left. No scope rolls it back; ``sqlsink recover --commit-lost`` decides and commits it.
+A recovery that could read no checkpoint of a streaming sink's query cannot tell such a
+batch from a dead run's leftover: it keeps the undecided gids of batches above the
+highest decided one (``unsure``) unless the operator names the batch as not committed.
 
 Besides, every gid a not-yet-complete decision names and that is no longer
 prepared must show its marker row; if not, it was rolled back by someone: data
@@ -65,12 +68,19 @@ class Scope:
     knows_highest: bool = False
     highest_decided: int | None = None
     lost: frozenset[int] = frozenset()  # batches known committed by Spark, undecided here
+    # recovery without any readable checkpoint of a streaming sink's query: undecided
+    # batches above the highest decided one, which Spark may have committed (``unsure``)
+    unsure: frozenset[int] = frozenset()
 
     @classmethod
     def everything(
-        cls, live_runs: frozenset[str] = frozenset(), lost: frozenset[int] = frozenset()
+        cls,
+        live_runs: frozenset[str] = frozenset(),
+        lost: frozenset[int] = frozenset(),
+        unsure: frozenset[int] = frozenset(),
+        highest_decided: int | None = None,
     ) -> Scope:
-        return cls(live_runs=live_runs, lost=lost)
+        return cls(live_runs=live_runs, lost=lost, unsure=unsure, highest_decided=highest_decided)
 
     @classmethod
     def live(cls, run_id: str, batch_id: int) -> Scope:
@@ -113,12 +123,27 @@ class Scope:
             )
         return None
 
+    def unsure_decision(self, gid: Gid) -> str | None:
+        """Why this undecided gid may hold the only copy of a batch Spark committed (no
+        checkpoint read, a streaming sink, above the highest decided batch); None if not."""
+        if gid.batch_id not in self.unsure:
+            return None
+        highest = "none" if self.highest_decided is None else self.highest_decided
+        return (
+            f"batch {gid.batch_id} has no decision and is above the highest decided batch "
+            f"({highest}) of a streaming sink, and no checkpoint of its query was read: Spark "
+            "may have committed it (a failover that lost its decision), so these transactions "
+            "may hold its only copy"
+        )
+
     def keeps(self, gid: Gid) -> str | None:
         """Why an undecided gid is left alone; None when nobody can decide it any more."""
         if (lost := self.lost_decision(gid)) is not None:
             return lost
         if gid.run_id in self.live_runs:
             return f"run {gid.run_id} is live"
+        if (unsure := self.unsure_decision(gid)) is not None:
+            return unsure
         if self.run_id is None or self.batch_id is None:
             return None
         if gid.run_id != self.run_id:

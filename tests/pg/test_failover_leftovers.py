@@ -34,6 +34,7 @@ from tests.pg.test_checkpoint_check import (
     new_run,
 )
 from tests.pg.test_cli import Result, sqlsink
+from tests.pg.test_recover_runs import driver_gone
 
 WARN = CheckpointMode.WARN
 BATCH_ROWS = {0: range(0, 3), 1: range(10, 13), 2: range(20, 26), 3: range(30, 33)}
@@ -226,9 +227,12 @@ def test_commit_lost_refuses_what_it_cannot_prove(
     old, _, lost = lost_batch_2(pg_url, keyed, sink, chk)
     run_dead(pg_url, sink, old.run)
 
-    # nothing shows yet that Spark went past batch 2 (no checkpoint given, no later
-    # batch checked or aborted): it may be the batch Spark re-runs
+    # nothing shows yet that Spark went past batch 2 (no checkpoint given, the one the query
+    # recorded not readable here, no later batch checked or aborted): it may be the batch
+    # Spark re-runs
+    chk.rename(tmp_path / "elsewhere")
     unproven = recover(pg_url, sink, "--commit-lost", "2")
+    (tmp_path / "elsewhere").rename(chk)
     assert unproven.code == 2, unproven.out + unproven.err
     assert unproven.json["error"]["message"].startswith(
         f"sink {sink}: nothing shows that Spark committed batch 2"
@@ -321,3 +325,214 @@ def test_re_running_the_lost_batch_from_a_rewound_checkpoint_is_the_other_way_ou
     commit_checked(rerun, 3, [rerun.write(3, BATCH_ROWS[3])], policy)
     assert_whole(pg_url, keyed, sink, 3)
     assert checks(pg_url, sink)[0].verdict == "verified"
+
+
+# -- plain recover (no --checkpoint) between the failover and the query's next commit --------
+
+
+def test_plain_recover_reads_the_recorded_checkpoint_and_keeps_the_lost_batch(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """Nothing in the commit log shows yet that Spark went past batch 2; the checkpoint the
+    query's runs recorded does (commits/2): plain recover reads it before it resolves."""
+    chk = tmp_path / "chk"
+    old, policy, lost = lost_batch_2(pg_url, keyed, sink, chk)
+    driver_gone(pg_url, sink, "1 hour")
+
+    looked = recover(pg_url, sink)
+    assert prepared_of(pg_url, sink) == lost, "plain recover rolled back batch 2's last copy"
+    assert looked.code == 1, looked.out + looked.err
+    [doc] = looked.json["sinks"]
+    assert doc["lost_decision_batches"] == [2]
+    assert doc["checkpoint_read"] == str(chk)
+    assert doc["undecided_kept_batches"] == []
+    for action in looked.json["actions"]:
+        assert action["action"] == "leave"
+        assert action["reason"].startswith("batch 2 has no decision, but Spark committed it")
+    [warning] = [w for w in looked.json["warnings"] if "--commit-lost" in (w["fix"] or "")]
+    assert "Spark's checkpoint records it as committed (commits/2)" in warning["message"]
+    assert f"the checkpoint this sink's query recorded ({chk})" in warning["message"]
+
+    done = recover(pg_url, sink, "--commit-lost", "2")
+    assert done.code == 0, done.out + done.err
+    assert_whole(pg_url, keyed, sink, 2)
+    restarted = new_run(old)
+    commit_checked(restarted, 3, [restarted.write(3, BATCH_ROWS[3])], policy)
+    assert_whole(pg_url, keyed, sink, 3)
+
+
+def test_plain_recover_without_a_readable_checkpoint_keeps_undecided_leftovers(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The recorded checkpoint cannot be read from here: batch 2, above the highest decided
+    batch of a streaming sink, may be a batch Spark committed; it is kept, with the ways
+    out, until the operator says it is not (--rollback-undecided 2)."""
+    chk = tmp_path / "chk"
+    _, _, lost = lost_batch_2(pg_url, keyed, sink, chk)
+    driver_gone(pg_url, sink, "1 hour")
+    away = tmp_path / "elsewhere"
+    chk.rename(away)
+
+    looked = recover(pg_url, sink)
+    assert prepared_of(pg_url, sink) == lost, "plain recover rolled back batch 2's last copy"
+    assert looked.code == 1, looked.out + looked.err
+    [doc] = looked.json["sinks"]
+    assert doc["undecided_kept_batches"] == [2] and doc["lost_decision_batches"] == []
+    assert doc["checkpoint_read"] is None
+    for action in looked.json["actions"]:
+        assert action["action"] == "leave"
+        assert action["reason"] == (
+            "batch 2 has no decision and is above the highest decided batch (1) of a "
+            "streaming sink, and no checkpoint of its query was read: Spark may have "
+            "committed it (a failover that lost its decision), so these transactions may "
+            "hold its only copy"
+        )
+    [warning] = [w for w in looked.json["warnings"] if "--rollback-undecided" in (w["fix"] or "")]
+    assert warning["message"] == (
+        f"batch 2 has no decision, but its 2 transaction(s) are still prepared ({lost[0]}, "
+        f"{lost[1]}) above the highest decided batch (1): nothing read here shows whether "
+        "Spark committed it (the checkpoint this sink's query recorded, "
+        f"{chk}, cannot be read: checkpoint {str(chk)!r} is not a directory (or is not "
+        "readable)), "
+        "so they may hold the only copy of its rows and were left prepared"
+    ), warning["message"]
+    assert warning["fix"] == (
+        f"pass the query's checkpoint: sqlsink recover --sink-id {sink} --checkpoint DIR; or "
+        "restart the query (its first task rolls them back if Spark runs batch 2 again, "
+        "else its commit reports the loss); or, if Spark's checkpoint has no commits/2, roll "
+        "them back: "
+        f"sqlsink recover --sink-id {sink} --rollback-undecided 2"
+    ), warning["fix"]
+
+    human = sqlsink("recover", "--url", pg_url, "--sink-id", sink)
+    assert human.code == 1 and "--rollback-undecided 2" in human.out
+    planned = recover(pg_url, sink, "--dry-run")
+    assert planned.json["sinks"][0]["undecided_kept_batches"] == [2]
+    assert prepared_of(pg_url, sink) == lost
+
+    # the checkpoint readable again, and recording commits/2: the flag is refused
+    away.rename(chk)
+    refused = recover(pg_url, sink, "--rollback-undecided", "2")
+    assert refused.code == 2, refused.out + refused.err
+    assert refused.json["error"]["message"] == (
+        f"sink {sink}: Spark's checkpoint {chk} records batch 2 as committed (commits/2): "
+        "its transactions hold the only copy of its rows; nothing was rolled back"
+    )
+    assert prepared_of(pg_url, sink) == lost
+    chk.rename(away)
+
+    # the operator knows better (here: wrongly, to show the flag acts)
+    done = recover(pg_url, sink, "--rollback-undecided", "2")
+    assert done.code == 0, done.out + done.err
+    assert {a["gid"]: a["result"] for a in done.json["actions"]} == {g: "rolled back" for g in lost}
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1]
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1]]
+
+
+def test_plain_recover_still_rolls_back_a_crashed_batch(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """A driver killed mid-batch, no failover: the recorded checkpoint has no commits/2, so
+    batch 2's transactions are a dead run's leftovers, rolled back as before."""
+    chk = tmp_path / "chk"
+    make_checkpoint(chk, range(3), range(2))
+    policy = checkpoint_policy(str(chk), WARN)
+    old = Writer(pg_url, keyed, sink, QUERY)
+    for batch in (0, 1):
+        commit_checked(old, batch, [old.write(batch, BATCH_ROWS[batch])], policy)
+    stale = sorted(str(old.write(2, range(200 + 3 * p, 203 + 3 * p), p).gid) for p in (0, 1))
+    driver_gone(pg_url, sink, "1 hour")
+
+    done = recover(pg_url, sink)
+    assert done.code == 0, done.out + done.err
+    assert {a["gid"]: a["result"] for a in done.json["actions"]} == {
+        g: "rolled back" for g in stale
+    }
+    [doc] = done.json["sinks"]
+    assert doc["checkpoint_read"] == str(chk) and doc["undecided_kept_batches"] == []
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1]
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1]]
+
+
+def test_a_re_runs_partial_leftovers_of_a_batch_once_lost_are_not_named_for_commit_lost(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The loss of batch 2 was recorded (the commit of batch 3 found it); the operator chose
+    to re-deliver it (the checkpoint rewound to 2). The re-run prepared partition 0 of batch
+    2 and its driver died. Its leftover is part of a re-run, not the lost copy: recover
+    without a readable checkpoint must not advise committing it, --commit-lost refuses."""
+    chk = tmp_path / "chk"
+    old, policy, _ = lost_batch_2(pg_url, keyed, sink, chk)
+    restarted = new_run(old)
+    with pytest.raises(DataLossError):
+        commit_checked(restarted, 3, [restarted.write(3, BATCH_ROWS[3])], policy)
+    for name in ("commits/2", "commits/.2.crc", "offsets/3", "offsets/.3.crc"):
+        (chk / name).unlink(missing_ok=True)
+    rerun = new_run(old)
+    partial = str(rerun.write(2, range(20, 23), 0).gid)  # partition 1 never ran
+    assert prepared_of(pg_url, sink) == [partial]
+    driver_gone(pg_url, sink, "1 hour")
+    away = tmp_path / "elsewhere"
+    chk.rename(away)
+
+    looked = recover(pg_url, sink)
+    assert prepared_of(pg_url, sink) == [partial]
+    assert looked.code == 1, looked.out + looked.err
+    [doc] = looked.json["sinks"]
+    assert doc["lost_decision_batches"] == [] and doc["undecided_kept_batches"] == [2]
+    assert not any("--commit-lost" in (w["fix"] or "") for w in looked.json["warnings"])
+    assert "--commit-lost" not in looked.out
+
+    refused = recover(pg_url, sink, "--commit-lost", "2")
+    assert refused.code == 2, refused.out + refused.err
+    assert refused.json["error"]["message"] == (
+        f"sink {sink}: batch 2's prepared transaction(s) {partial} are of run {rerun.run}, "
+        "which started after what shows that Spark committed batch 2 (a commit of a later "
+        "batch found its decision missing): a re-run of the batch (its checkpoint rewound), "
+        "not the lost copy, and maybe part of it; nothing was decided"
+    ), refused.json["error"]["message"]
+    assert refused.json["error"]["fix"] == (
+        "restart the query: it runs batch 2 again, and its first task rolls these back; or "
+        "pass --checkpoint DIR to check batch 2 against Spark's commit log"
+    )
+    assert prepared_of(pg_url, sink) == [partial] and decided(pg_url, sink) == [0, 1]
+
+    # with the checkpoint readable again (no commits/2): a dead run's leftover, rolled back
+    away.rename(chk)
+    done = recover(pg_url, sink)
+    assert done.code == 0, done.out + done.err
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1]
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1]]
+
+
+def test_commit_lost_after_a_failover_that_lost_a_partitions_prepare_says_what_it_cannot_see(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The standby received partition 0's PREPARE of batch 2, not partition 1's: nothing in
+    the database tells (an empty partition prepares nothing either). The texts say so and
+    offer the re-run; --commit-lost commits what is left, exactly that."""
+    chk = tmp_path / "chk"
+    _, _, lost = lost_batch_2(pg_url, keyed, sink, chk)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the PREPARE the failover lost
+        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(lost[1])))
+    driver_gone(pg_url, sink, "1 hour")
+
+    looked = recover(pg_url, sink)
+    assert looked.code == 1 and prepared_of(pg_url, sink) == [lost[0]]
+    [warning] = [w for w in looked.json["warnings"] if "--commit-lost" in (w["fix"] or "")]
+    assert (
+        "they hold the rows of each partition whose PREPARE survived: if the failover lost "
+        "some, theirs are missing and nothing here can tell; re-running batch 2 from the "
+        "rewound checkpoint, when the source still holds it, is exact either way"
+    ) in warning["fix"], warning["fix"]
+
+    done = recover(pg_url, sink, "--commit-lost", "2")
+    assert done.code == 0, done.out + done.err
+    [said] = [w["message"] for w in done.json["warnings"] if "decided batch 2" in w["message"]]
+    assert said == (
+        f"decided batch 2 with its 1 prepared transaction(s) ({lost[0]}): the recovery commits "
+        "them (the rows of each partition whose PREPARE survived the failover: one whose "
+        "PREPARE it lost cannot be seen here)"
+    )
+    assert ids_of(pg_url, keyed) == [*BATCH_ROWS[0], *BATCH_ROWS[1], 20, 21, 22]
+    assert prepared_of(pg_url, sink) == [] and decided(pg_url, sink) == [0, 1, 2]

@@ -25,6 +25,7 @@ from sqlsink.postgres.partition import write_partition
 from sqlsink.spark import heartbeat
 from sqlsink.spark.heartbeat import Heartbeat
 from tests.pg.protocol import Writer, ids_of, prepared_of, rows
+from tests.pg.test_recover_runs import checkpoint_recorded
 
 
 def write_part(
@@ -115,7 +116,7 @@ def test_a_task_that_prepares_after_writing_longer_than_run_timeout_keeps_its_ru
 
 
 def test_a_run_heard_from_by_neither_heartbeat_nor_prepare_within_its_timeout_is_dead(
-    pg_url: str, keyed: str, sink: str, capsys: pytest.CaptureFixture[str]
+    pg_url: str, keyed: str, sink: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Liveness stays bounded: a driver gone after its task prepared leaves a run that
     is dead once both its registration and its prepare are older than runTimeout;
@@ -130,6 +131,9 @@ def test_a_run_heard_from_by_neither_heartbeat_nor_prepare_within_its_timeout_is
         assert time.monotonic() < deadline, "the run stayed live"
         time.sleep(0.1)
     assert prepared_age(pg_url, [outcome.gid]) >= 1.0  # not before its prepare aged
+    # the stream's checkpoint check recorded its checkpoint, which recover reads: no
+    # commits/1, so batch 1 is a dead run's leftover (not a lost decision's last copy)
+    checkpoint_recorded(pg_url, sink, tmp_path / "chk", range(1))
     doc = recover(pg_url, sink, capsys)
     assert doc["sinks"][0]["rolled_back"] == 1  # type: ignore[index]
     assert prepared_of(pg_url, sink) == []

@@ -6,8 +6,10 @@ the moment. Each case runs the real command line beside the sink's own code."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,6 +62,31 @@ def driver_gone(url: str, sink: str, ago: str) -> None:
         "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - %s::interval, "
         "live_for = interval '1 s' WHERE sink_id = %s",
         ago,
+        sink,
+    )
+
+
+def checkpoint_recorded(
+    url: str, sink: str, root: Path, committed: range, query: str = "q"
+) -> None:
+    """What a stream's commit leaves: Spark's checkpoint (``commits/`` for ``committed``,
+    ``offsets/`` one further), and its location recorded by each run's checkpoint check,
+    which a plain ``sqlsink recover`` reads (no failover here: the batch in flight has no
+    ``commits/``)."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    (root / "metadata").write_text(json.dumps({"id": query}) + "\n")
+    for n in range(committed.stop + 1):
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000 + n, "conf": {}}
+        (root / "offsets" / str(n)).write_text(f'v1\n{json.dumps(meta)}\n{{"logOffset":{n}}}')
+    for n in committed:
+        (root / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    sql_exec(
+        url,
+        "UPDATE sqlsink.runs SET checkpoint_verdict = 'verified', checkpoint_detail = '', "
+        "checkpoint_location = %s, checkpoint_checked_at = clock_timestamp() "
+        "WHERE sink_id = %s",
+        str(root),
         sink,
     )
 
@@ -128,7 +155,7 @@ def test_recover_leaves_a_live_runs_batch_while_nothing_of_it_is_connected(
 
 
 def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
-    pg_url: str, keyed: str, sink: str
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
     writer = Writer(
         pg_url, keyed, sink, query_id="q", extra={"runTimeout": "30s"}
@@ -140,6 +167,7 @@ def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     assert len(prepared_of(pg_url, sink)) == 2
 
     # the driver is gone: nothing of the run is heard from any more
+    checkpoint_recorded(pg_url, sink, tmp_path / "chk", range(1))
     driver_gone(pg_url, sink, "45 s")
     late = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
     assert late.code == 0, late.out + late.err
@@ -155,7 +183,9 @@ def test_recover_resolves_a_run_once_its_heartbeat_is_older_than_its_timeout(
     assert ids_of(pg_url, keyed) == list(range(5))
 
 
-def test_the_timeout_follows_the_runs_batch_interval(pg_url: str, keyed: str, sink: str) -> None:
+def test_the_timeout_follows_the_runs_batch_interval(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
     """The data source never learns the trigger: a run is live while heard from within
     max(runTimeout, 3 x its recent batch interval) (the longest of the last three gaps
     between its decisions). A 10-minute trigger keeps a run live for 30 minutes."""
@@ -188,6 +218,7 @@ def test_the_timeout_follows_the_runs_batch_interval(pg_url: str, keyed: str, si
     human = sqlsink("status", "--url", pg_url, "--sink-id", sink)
     assert "timeout 30m00s: 3 x its batch interval 10m00s" in human.out, human.out
 
+    checkpoint_recorded(pg_url, sink, tmp_path / "chk", range(5))
     driver_gone(pg_url, sink, "31 min")
     gone = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json")
     assert gone.code == 0, gone.out + gone.err
@@ -251,7 +282,7 @@ def test_force_fences_the_named_run_ends_its_session_and_resolves(
 
 
 def test_status_warns_about_leftovers_that_no_live_run_will_finish(
-    pg_url: str, keyed: str, sink: str
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
     """Item 16: a stream that receives no more data runs no task and no commit to sweep
     what its last batch left: status says so, with the command to run."""
@@ -285,6 +316,7 @@ def test_status_warns_about_leftovers_that_no_live_run_will_finish(
     other.batch(1, range(5, 10))
     left = [other.write(2, range(10, 15))]
     assert sqlsink("status", "--url", pg_url, "--sink-id", sink).code == 0  # live: fine
+    checkpoint_recorded(pg_url, sink, tmp_path / "chk", range(2))
     driver_gone(pg_url, sink, "1 min")
     dead = sqlsink("status", "--url", pg_url, "--sink-id", sink, "--json")
     assert dead.code == 1, dead.out + dead.err

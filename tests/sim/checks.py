@@ -74,18 +74,11 @@ KNOWN: dict[str, str] = {
     # windows of the core this simulation found, while they stay open (each was tolerated
     # and counted until its fix; closed: run_registry.register_run's ``admit``,
     # Committer.resolve_leftovers registering again under the lock, and issue 26's C1
-    # "lost-decision-rolled-back" (fix/cone), R1 "abort-acts-on-another-query" and R2
-    # "live-session-ended" (fix/rone)). Open:
-    "lost-decision-rolled-back-blind": "C1, what is left of it with fix/cone: a sqlsink "
-    "recover without --checkpoint, between a failover and the next commit of the query "
-    "(the driver died without an abort, or its abort's mark went with the failover), rolls "
-    "back the last copy of a batch Spark committed: nothing in the commit log shows it yet",
-    "lost-decision-inferred-across-writers": "fix/cone infers a lost decision from another "
-    "writer's batches: on a sink no writer has decided a batch of (a fresh sink id, or after "
-    "forget), an undecided batch of one writer (a query's in flight, a batch load's leftover) "
-    "below a batch another query commits or aborts is taken for a batch Spark committed: a "
-    "false DataLossError that advises --commit-lost of it, and recover keeps its prepared "
-    "transactions (naming --commit-lost) for ever",
+    # "lost-decision-rolled-back" (fix/cone) and "lost-decision-rolled-back-blind" (a
+    # recover without --checkpoint: fix/recover), R1 "abort-acts-on-another-query" and R2
+    # "live-session-ended" (fix/rone); "lost-decision-inferred-across-writers" no longer
+    # happens since Scope.knowing infers nothing for a sink without a decision, and the
+    # final recover is given the checkpoint of the query the sink is bound to). Open:
     "abort-sweeps-after-fencing": "an abort's second sweep (core/abort.py after_late_tasks, "
     "once the batch's task sessions ended) does not register under the lock again: a run "
     "superseded meanwhile rolls back its own undecided gids (harmless: nobody can decide "
@@ -761,12 +754,7 @@ class Checker:
             if gid not in self.foreign and (g := Gid.parse(gid)) is not None and g.sink_id in sinks
         ]
         if left:
-            violation = Violation("1", f"still prepared after the final recover: {sorted(left)}")
-            if any(g in self.lost_named for g in left):
-                raise violation
-            # no failover took their batch's decision: recover keeps them as a lost
-            # decision's last copy on evidence of another writer's batches
-            self._known("lost-decision-inferred-across-writers", violation)
+            raise Violation("1", f"still prepared after the final recover: {sorted(left)}")
         for database, log in server.logs.items():
             for (sink, batch), row in log.decisions.items():
                 if row.completed_at is None:

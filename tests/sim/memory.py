@@ -139,6 +139,7 @@ class RunRow:
     checkpoint_verdict: str | None = None
     checkpoint_lost: tuple[int, ...] = ()
     checkpoint_batch: int | None = None
+    checkpoint_location: str | None = None
 
 
 @dataclass
@@ -1038,6 +1039,18 @@ class MemoryBackend:
         if run is not None:
             run.checkpoint_checked_at, run.checkpoint_verdict = self._now(), verdict.kind
             run.checkpoint_lost, run.checkpoint_batch = tuple(verdict.lost), batch_id
+            run.checkpoint_location = location
+
+    def recorded_location(self, sink_id: str) -> str | None:
+        """``recover_lost.recorded_checkpoint``: the newest location a run's check recorded."""
+        self._call(f"recorded checkpoint of {sink_id}")
+        runs = [
+            r
+            for (s, _), r in self._log.runs.items()
+            if s == sink_id and r.checkpoint_location is not None
+        ]
+        newest = max(runs, key=lambda r: r.checkpoint_checked_at or 0.0, default=None)
+        return None if newest is None else newest.checkpoint_location
 
     # -- operators and the CLI ----------------------------------------------------------
 

@@ -236,6 +236,16 @@ def c1_lost_decision_resolved() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def c1_blind_recover() -> Iterator[None]:
+    """C1's blind window reopened: a recover that read no checkpoint rolls back a streaming
+    sink's undecided leftovers above the highest decided batch (``unsure_batches`` empty,
+    as before fix/recover); the profile makes the recorded checkpoint unreadable."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(world_module, "unsure_batches", lambda *_: frozenset())
+        yield
+
+
 def _main_abort_batch(
     committer: Committer,
     batch_id: int,

@@ -126,6 +126,18 @@ CASES = [
         branch="fix/cone",
     ),
     Case(
+        "C1-blind",
+        "a recover that read no checkpoint rolls back a streaming sink's undecided batch "
+        "above the highest decided one: the last copy of a batch Spark committed whose "
+        "decision a failover took (main's cli/recover.py without Scope.unsure)",
+        mutants.c1_blind_recover,
+        replace(BASE, failover=0.03, p_shared_driver=0.0, p_checkpoint_unreadable=1.0),
+        frozenset({"9"}),
+        needle="a recover without --checkpoint",
+        found_as=frozenset({"lost-decision-rolled-back-blind"}),
+        branch="fix/recover",
+    ),
+    Case(
         "R1",
         "a second query in the owner's driver: its abort, with no message, takes the "
         "owner's run by the shared driver token (main's abort_batch and data source)",

@@ -60,7 +60,14 @@ from typing import Any
 
 from sqlsink.checkpoint.parse import Checkpoint
 from sqlsink.cli.output import CliError
-from sqlsink.cli.recover_lost import Decider, Evidence, lost_batches, requests
+from sqlsink.cli.recover_lost import (
+    Decider,
+    Evidence,
+    lost_batches,
+    requests,
+    undecided_prepared,
+    unsure_batches,
+)
 from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
     CheckpointMode,
@@ -172,6 +179,8 @@ class Profile:
     listing_s: tuple[float, float] = (0.01, 0.5)  # else this long
     slow_listing_s: tuple[float, float] = (10.0, 30.0)  # bounded: DEFAULT_READ_TIMEOUT_S
     p_redeliver: float = 0.5  # the operator re-delivers a lost batch (else accepts the loss)
+    # a recover without --checkpoint cannot read the checkpoint the sink's runs recorded
+    p_checkpoint_unreadable: float = 0.5
 
 
 @dataclass
@@ -924,22 +933,73 @@ class World:
     def _evidence(
         self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
     ) -> Evidence:
-        """``recover_lost.evidence``: what shows that Spark went past a batch of the sink."""
+        """``Recovery._evidence``: what shows that Spark went past a batch of the sink: the
+        checkpoint given, else the one the sink's runs recorded when it is readable from
+        where recover runs (``p_checkpoint_unreadable``), else the commit log's record."""
         recorded, aborted = backend.loss_evidence(sink)
+        from_record = False
+        if checkpoint is None:
+            location = backend.recorded_location(sink)
+            bound = backend.binding(sink)
+            checkpoint = next(
+                (
+                    q
+                    for q in self.queries
+                    if f"sim://{q.name}/checkpoint" == location
+                    and bound is not None
+                    and bound.query_id == q.query_id
+                ),
+                None,
+            )
+            if checkpoint is not None and self.rng.random() < self.profile.p_checkpoint_unreadable:
+                checkpoint = None  # a remote location this recover cannot read
+            from_record = checkpoint is not None
         given = None
         if checkpoint is not None:
             given = Checkpoint(f"sim://{checkpoint.name}/checkpoint", checkpoint.query_id)
             given.commits = set(checkpoint.commits)
-        return Evidence(given, recorded, aborted)
+        runs = [r for (s, _), r in self.server.log(backend.database).runs.items() if s == sink]
+        checkers: dict[int, frozenset[str]] = {}
+        for r in runs:
+            if r.checkpoint_verdict == "loss":
+                for b in r.checkpoint_lost:
+                    checkers[b] = checkers.get(b, frozenset()) | {r.run_id}
+        return Evidence(
+            given,
+            recorded,
+            aborted,
+            from_record,
+            {r.run_id: r.first_seen for r in runs},
+            checkers,
+            {r.run_id: r.aborted_batch for r in runs if r.aborted_batch is not None},
+        )
 
     def _recover_scope(
         self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
     ) -> Scope:
-        """``Recovery._scope``: everything but live runs' gids and lost decisions' gids."""
+        """``Recovery._scope``: everything but live runs' gids, lost decisions' gids, and,
+        when no checkpoint was read for a streaming sink, the gids of undecided batches
+        above the highest decided one that Spark may have committed."""
         proof = self._evidence(backend, sink, checkpoint)
         lost = frozenset(b.batch_id for b in lost_batches(backend, sink, proof))  # type: ignore[arg-type]
         live = frozenset(run for _, run in backend.live_runs(sink))
-        return Scope.everything(live, lost)
+        highest = backend.highest_decided(sink)
+        unsure: frozenset[int] = frozenset()
+        bound = backend.binding(sink)
+        if proof.checkpoint is None and bound is not None and bound.query_id is not None:
+            runs = self.server.log(backend.database).runs
+            unsure = unsure_batches(
+                undecided_prepared(backend, sink, highest),  # type: ignore[arg-type]
+                lost,
+                live,
+                {r.run_id: r.aborted_batch for (s, _), r in runs.items() if s == sink},
+                frozenset(),
+            )
+            if unsure:
+                self.stats["recover kept undecided batches (no checkpoint read)"] = (
+                    self.stats.get("recover kept undecided batches (no checkpoint read)", 0) + 1
+                )
+        return Scope.everything(live, lost, unsure, highest)
 
     def _commit_lost(
         self, actor: Actor, query: Query, held: dict[int, list[str]], told: frozenset[int]
@@ -1123,12 +1183,20 @@ class World:
             actor.step("read the data-loss error")
             open_ = set(self.unsettled(query))  # what the last visit settled, it knows
             held = {int(b): list(g) for b, g in named.items() if int(b) in open_}
-            if held and not self._commit_lost(actor, query, held, told):
+            # the error's other way out for a batch still prepared: when the source still
+            # holds it, re-run it (the checkpoint rewound; its first task rolls the old
+            # transactions back)
+            rerun = (
+                bool(held)
+                and "re-running the batch from Spark's checkpoint" in error.message
+                and self.rng.random() < self.profile.p_redeliver / 2
+            )
+            if held and not rerun and not self._commit_lost(actor, query, held, told):
                 return  # it comes back
-            bare = [b for b in lost if b not in named and b in open_]
+            bare = [b for b in lost if (rerun or b not in named) and b in open_]
             if not bare:
                 pass
-            elif (
+            elif rerun or (
                 "delete commits/" in error.message and self.rng.random() < self.profile.p_redeliver
             ):
                 first = bare[0]
@@ -1421,6 +1489,12 @@ class World:
             # commit once found lost keeps its re-run's leftovers (what the log recorded
             # stays after the operator re-delivered it), and recover tells to commit them
             owner = self.query_of(self.checker.owner.get((sink, self.checker.epoch[sink])))
+            row = self.server.log(DB).sinks.get(sink)
+            if owner is None and row is not None:  # the query the sink is bound to now
+                owner = next(
+                    (q for q in self.queries if q.sink == sink and q.query_id == row.query_id),
+                    None,
+                )
             self.spawn(f"final recover {sink}", "final", self.recover_program(sink, True, owner))
         saved = self.profile
         self.profile = replace(saved, calm_after=0)
