@@ -167,8 +167,7 @@ def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> 
 # Rows another transaction has locked (a registration, at that very moment) are skipped,
 # never waited for; the record is a hint for ``end_fenced_holders``, which does not rely
 # on it alone.
-_UNLOCK_AND_CLEAR = """
-WITH released AS (
+_UNLOCK_AND_CLEAR = """WITH released AS (
     SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0)) AS ok,
            set_config('synchronous_commit', 'off', true) AS sync
 ), held AS (
