@@ -186,10 +186,24 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per measure, both sides. A session kind a run's log has no statement or connection
+    of counts 0 in it (when its statements were counted at all); a CPU group that is 0 in
+    every run of both sides is left out."""
+    keys = {key for run in runs for key in run["measures"]}
     per: dict[tuple[str, str], dict[str, list[float]]] = {}
     for run in runs:
-        for key, value in run["measures"].items():
-            per.setdefault(key, {CURRENT: [], BASE: []})[run["side"]].append(value)
+        counted = any(group == "statements" for group, _ in run["measures"])
+        for key in keys:
+            value = run["measures"].get(key)
+            if value is None and counted and key[0] in ("statements", "connections"):
+                value = 0.0
+            if value is not None:
+                per.setdefault(key, {CURRENT: [], BASE: []})[run["side"]].append(value)
+    per = {
+        key: sides
+        for key, sides in per.items()
+        if key[0] != "cpu" or any(sides[CURRENT] + sides[BASE])
+    }
     rows = []
     for (group, name), sides in sorted(per.items(), key=lambda i: (ORDER.index(i[0][0]), i[0][1])):
         current, base = spread(sides[CURRENT]), spread(sides[BASE])
