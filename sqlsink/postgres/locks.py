@@ -154,22 +154,40 @@ def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> 
     )
 
 
-# After the unlock: the runs' records of this session as the sink lock's holder, unless it
-# still holds the lock (taken twice: ``try_sink_lock`` stacks). Rows another transaction
-# has locked (a registration, at that very moment) are skipped, never waited for; the
-# record is a hint for ``end_fenced_holders``, which does not rely on it alone.
-_CLEAR_HOLDER = """
-UPDATE sqlsink.runs r SET lock_pid = NULL, lock_backend_start = NULL
-FROM (SELECT sink_id, run_id FROM sqlsink.runs
-      WHERE sink_id = %(sink)s AND lock_pid = pg_backend_pid()
-      FOR NO KEY UPDATE SKIP LOCKED) AS mine
-WHERE r.sink_id = mine.sink_id AND r.run_id = mine.run_id
-  AND NOT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.granted
-                  AND l.locktype = 'advisory' AND l.objsubid = 1
-                  AND l.database = (SELECT oid FROM pg_database
-                                    WHERE datname = current_database())
-                  AND (l.classid::bigint << 32) | l.objid::bigint
-                      = hashtextextended(%(key)s, 0))
+# One statement: the unlock, then the clearing of the runs' records of this session as the
+# sink lock's holder, unless it still holds the lock (taken twice: ``try_sink_lock``
+# stacks). The order is a data dependency: ``released`` (a CTE with a volatile function,
+# so never folded into its readers: evaluated once) is read by the statement's own
+# SELECT, so the unlock runs once even when no record names this session; the pg_locks
+# check is a subquery correlated to released's row (a SubPlan in held's target list,
+# never turned into a join), so it cannot run before that row, the unlock's result,
+# exists. ``set_config(..., true)`` is SET LOCAL: it lasts to the end of the statement's
+# own implicit transaction, whose commit (one only when a record was cleared: no row
+# written, no transaction id, nothing to flush) then does not wait for its WAL flush.
+# Rows another transaction has locked (a registration, at that very moment) are skipped,
+# never waited for; the record is a hint for ``end_fenced_holders``, which does not rely
+# on it alone.
+_UNLOCK_AND_CLEAR = """WITH released AS (
+    SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0)) AS ok,
+           set_config('synchronous_commit', 'off', true) AS sync
+), held AS (
+    SELECT EXISTS (SELECT FROM pg_locks l
+                   WHERE u.ok IS NOT NULL AND l.pid = pg_backend_pid() AND l.granted
+                     AND l.locktype = 'advisory' AND l.objsubid = 1
+                     AND l.database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())
+                     AND (l.classid::bigint << 32) | l.objid::bigint
+                         = hashtextextended(%(key)s, 0)) AS still
+    FROM released u
+), cleared AS (
+    UPDATE sqlsink.runs r SET lock_pid = NULL, lock_backend_start = NULL
+    FROM (SELECT sink_id, run_id FROM sqlsink.runs
+          WHERE sink_id = %(sink)s AND lock_pid = pg_backend_pid()
+          FOR NO KEY UPDATE SKIP LOCKED) AS mine, held h
+    WHERE r.sink_id = mine.sink_id AND r.run_id = mine.run_id AND NOT h.still
+    RETURNING 1
+)
+SELECT ok FROM released
 """
 
 
@@ -177,22 +195,21 @@ def unlock_sink(conn: Connection, sink_id: str | None) -> None:
     """Let the sink lock go (once), and clear the records that name this session as its
     holder: a kept session (postgres/sessions.py) is used by another run next, and only a
     session that holds the lock for a fenced run may be ended as that run's
-    (``end_fenced_holders``). One round trip; the clearing does not wait for its WAL
-    flush (a crash ends every session, and a record of a gone session matches none)."""
+    (``end_fenced_holders``). One statement (``_UNLOCK_AND_CLEAR``); the clearing does
+    not wait for its WAL flush (a crash ends every session, and a record of a gone
+    session matches none)."""
     if conn.closed:
         return
     key = lock_key(sink_id)
-    if sink_id is None:
-        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-        return
-    try:
-        with conn.pipeline():
-            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-            with conn.transaction():
-                conn.execute("SET LOCAL synchronous_commit = off")
-                conn.execute(_CLEAR_HOLDER, {"sink": sink_id, "key": key})
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
-        pass  # a commit log older than version 3 records no holder
+    if sink_id is not None:
+        try:
+            conn.execute(_UNLOCK_AND_CLEAR, {"sink": sink_id, "key": key})
+            return
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            # a commit log older than version 3 records no holder: the statement failed
+            # in parse analysis, before any of it ran, so the lock is still held once more
+            pass
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
 
 def take_schema_lock(conn: Connection) -> None:

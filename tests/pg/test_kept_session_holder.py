@@ -22,6 +22,7 @@ from sqlsink.core.model import PartitionOutcome
 from sqlsink.postgres import appnames, locks
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.sessions import close_idle, session
+from tests.fix_pg import PgServer
 from tests.pg.protocol import Writer, ids_of, prepared_of
 from tests.programs import REPO
 
@@ -190,3 +191,89 @@ def test_the_record_stays_while_the_session_still_holds_the_lock(
         assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
         locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
         assert recorded_holders(pg_url, sink) == [("run-1", False, None)]
+
+
+def held_here(conn: psycopg.Connection[tuple[object, ...]], sink: str) -> bool:
+    """Whether ``conn``'s session holds the sink lock (pg_locks: once, however stacked)."""
+    classid, objid = locks.lock_ids(conn, sink)  # type: ignore[arg-type]
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND objsubid = 1 AND pid = pg_backend_pid() AND classid::bigint = %s "
+        "AND objid::bigint = %s",
+        (classid, objid),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_hold_taken_twice_keeps_the_record_until_its_last_unlock(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """The unlock and the clearing are one statement: the clearing's check of pg_locks
+    sees the lock as the unlock left it. Taken twice (``try_sink_lock`` stacks), the
+    first unlock keeps both the hold and the record, the second lets both go."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        backend = PostgresBackend(conn, 5)  # type: ignore[arg-type]
+        assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+        assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+        backend.register_run(sink, "run-1", 300, holds_lock=True)
+        pid = conn.info.backend_pid
+        assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
+        locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+        assert held_here(conn, sink)
+        assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
+        locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+        assert not held_here(conn, sink)
+        assert recorded_holders(pg_url, sink) == [("run-1", False, None)]
+        with psycopg.connect(pg_url, autocommit=True) as other:  # free for anyone now
+            assert locks.try_sink_lock(other, sink)  # type: ignore[arg-type]
+
+
+def test_the_unlock_is_one_statement(pg_server: PgServer, keyed: str, sink: str) -> None:
+    """The driver's commit lets the sink lock go every batch: one statement, one round
+    trip, whether or not a record is cleared (the server's log of the session's
+    statements, log_statement = all)."""
+    if pg_server.embedded is None:
+        pytest.skip("reads the server log of a server this run started")
+    log_file = pg_server.embedded.log_file
+    Writer(pg_server.url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        backend = PostgresBackend(conn, 5)  # type: ignore[arg-type]
+        pid = conn.info.backend_pid
+        for register in (True, False):  # a record to clear, then none
+            assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+            if register:
+                backend.register_run(sink, "run-1", 300, holds_lock=True)
+                assert recorded_holders(pg_server.url, sink) == [("run-1", False, pid)]
+            conn.execute("SET log_statement = 'all'")
+            start = log_file.stat().st_size
+            locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+            conn.execute("SET log_statement = 'none'")
+            with log_file.open("rb") as log:
+                log.seek(start)
+                logged = log.read().decode(errors="replace")
+            statements = [
+                line
+                for line in logged.splitlines()
+                if f"[{pid}]" in line
+                and ("statement: " in line or "execute " in line)
+                and "log_statement" not in line
+            ]
+            assert len(statements) == 1, "\n".join(statements)
+            assert "pg_advisory_unlock" in logged
+            assert not held_here(conn, sink)
+            assert recorded_holders(pg_server.url, sink) == [("run-1", False, None)]
+
+
+def test_a_commit_log_without_holder_records_is_unlocked_once(pg_server: PgServer) -> None:
+    """A commit log older than version 3 (here: none at all) has no record to clear: the
+    statement fails before any of it ran, and the lock goes once, by the plain unlock,
+    never twice (a stacked hold stays until its own unlock)."""
+    sink = "no-runs-table"
+    with pg_server.database("sqlsink_nolog") as url, psycopg.connect(url, autocommit=True) as conn:
+        assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+        assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+        locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+        assert held_here(conn, sink)
+        locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+        assert not held_here(conn, sink)
