@@ -169,7 +169,8 @@ def _add_recover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--sink-id",
         type=_sink_id,
         help="the sink to recover (default: every "
-        "sink with leftovers;\nwith --checkpoint: the checkpoint's query id)",
+        "sink with leftovers;\nwith --checkpoint: the sink bound to the checkpoint's "
+        "query)",
     )
     p.add_argument(
         "--checkpoint",

@@ -19,6 +19,7 @@ commit log is read before anything is resolved.
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -29,8 +30,9 @@ from sqlsink.cli.loss import confirmed_losses, loss_json
 from sqlsink.cli.output import CliError, Notice, Output, header, print_warnings
 from sqlsink.cli.recover_checkpoint import (
     check_checkpoint_binding,
+    known_sinks,
     relate_checkpoint,
-    sink_id_of_checkpoint,
+    sink_of_checkpoint,
 )
 from sqlsink.cli.recover_lost import (
     Decider,
@@ -95,7 +97,7 @@ class Recovery:
     conn: Connection
     out: Output
     me: pg_roles.RoleInfo
-    sink_id: str | None  # --sink-id, or the checkpoint's query id; None: every sink
+    sink_id: str | None  # --sink-id, or the sink of the checkpoint's query; None: every sink
     dry_run: bool
     force: bool
     run_ids: list[str]  # --run-id: the runs --force declares dead (of sink_id)
@@ -165,10 +167,13 @@ class Recovery:
         checked) under the sink's lock, before anything is resolved."""
         assert self.sink_id is not None
         row = self.bound.get(self.sink_id)
+        query = row.query_id if row else None
+        if query is None and self.checkpoint is not None:  # not bound yet (a load is refused)
+            query = self.checkpoint.query_id
         decider = Decider(
             self.backend,
             self.sink_id,
-            row.query_id if row else None,
+            query,
             self.me,
             self._evidence(self.sink_id),
         )
@@ -407,23 +412,21 @@ def start(args: argparse.Namespace, envelope: Envelope) -> RecoverDocument:
 
 def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
     checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
-    sink_id: str | None = args.sink_id
-    if sink_id is None and checkpoint is not None:
-        sink_id = sink_id_of_checkpoint(checkpoint)
+    named = args.sink_id is not None or checkpoint is not None
     run_ids: list[str] = list(dict.fromkeys(args.run_id or []))
-    if args.force and sink_id is None:
+    if args.force and not named:
         raise CliError(
             "--force declares runs of one sink dead: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
         )
     commit_lost, mark_skipped = list(args.commit_lost or []), list(args.mark_skipped or [])
-    if (commit_lost or mark_skipped) and sink_id is None:
+    if (commit_lost or mark_skipped) and not named:
         raise CliError(
             "--commit-lost and --mark-skipped decide batches of one sink: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
         )
     rollback_undecided = sorted(set(args.rollback_undecided or []))
-    if rollback_undecided and sink_id is None:
+    if rollback_undecided and not named:
         raise CliError(
             "--rollback-undecided names batches of one sink: name the sink",
             "add --sink-id ID (or --checkpoint DIR of its query)",
@@ -431,8 +434,14 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
     with open_connection(args.url, "recover", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
+        bound = pg_decisions.sinks(conn)
+        sink_id: str | None = args.sink_id
+        if sink_id is None and checkpoint is not None:
+            sink_id = sink_of_checkpoint(conn, checkpoint, bound, me.database)
         if sink_id is not None and run_ids:
             _check_named_runs(conn, sink_id, run_ids)
+        if sink_id is not None and (commit_lost or mark_skipped):
+            _check_known_sink(conn, sink_id, bound, me.database)
         recovery = Recovery(
             conn,
             out,
@@ -442,12 +451,12 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
             args.force,
             run_ids,
             args.lock_timeout,
-            pg_decisions.sinks(conn),
+            bound,
             checkpoint,
             rollback_undecided=rollback_undecided,
         )
         if checkpoint is not None and sink_id is not None:
-            check_checkpoint_binding(checkpoint, sink_id, recovery.bound, me)
+            check_checkpoint_binding(conn, checkpoint, sink_id, recovery.bound, me)
         recovery.check_rollback_undecided()
         mode = " (dry run: nothing is changed)" if args.dry_run else ""
         header(out, "recover", me, mode)
@@ -469,6 +478,39 @@ def _check_named_runs(conn: Connection, sink_id: str, run_ids: list[str]) -> Non
             f"newest first: {listed}); nothing was done",
             f"name a run that sqlsink status --sink-id {sink_id} lists",
         )
+
+
+def _check_known_sink(
+    conn: Connection, sink_id: str, bound: dict[str, pg_decisions.SinkRow], database: str
+) -> None:
+    """A decision only for a sink the commit log knows (a row in sqlsink.sinks, or a
+    prepared transaction here): a mistyped id would otherwise get decisions of its own."""
+    if sink_id in bound or any(
+        (gid := Gid.parse(txn.gid)) is not None
+        and gid.sink_id == sink_id
+        and txn.database == database
+        for txn in pg_prepared.all_prepared(conn)
+    ):
+        return
+    by_case: dict[str, list[str]] = {}
+    for known in bound:
+        by_case.setdefault(known.lower(), []).append(known)
+    close = [
+        known
+        for key in difflib.get_close_matches(sink_id.lower(), list(by_case), n=3, cutoff=0.75)
+        for known in sorted(by_case[key])
+    ]
+    guess = (
+        f"did you mean --sink-id {' or '.join(close)}? (sink ids are case-sensitive; "
+        if close
+        else "name a sink this database knows (the sinkId option, else the query id; "
+    )
+    raise CliError(
+        f"sink {sink_id} is unknown in database {database}: no commit log rows and no "
+        "prepared transactions, so it has no batch to decide; nothing was decided",
+        f"{guess}the sinks this database knows: {known_sinks(conn, bound)}); check that "
+        "--url names the sink's database",
+    )
 
 
 def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocument) -> int:

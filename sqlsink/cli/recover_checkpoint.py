@@ -1,7 +1,7 @@
 """``recover --checkpoint``: Spark's checkpoint beside the sink's commit log.
 
-The checkpoint names the sink (its query id, unless ``--sink-id``), must belong to the
-query the sink is bound to, and is related batch by batch to the commit log
+Without ``--sink-id`` the checkpoint names the sink: the one bound to its query. It must
+belong to the query the sink is bound to, and is related batch by batch to the commit log
 (``sqlsink.checkpoint.relation.relate``), for the report.
 """
 
@@ -18,36 +18,86 @@ from sqlsink.cli.contract import (
     CheckpointLevel,
 )
 from sqlsink.cli.output import CliError, Notice, Output
-from sqlsink.core.gid import Gid, check_sink_id
-from sqlsink.errors import ConfigError
+from sqlsink.core.gid import Gid
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import decisions as pg_decisions
 from sqlsink.postgres.survey import prepared as pg_prepared
 from sqlsink.postgres.survey import roles as pg_roles
 
 
-def sink_id_of_checkpoint(checkpoint: Checkpoint) -> str:
-    try:
-        return check_sink_id(checkpoint.query_id)
-    except ConfigError:
+def sink_of_checkpoint(
+    conn: Connection,
+    checkpoint: Checkpoint,
+    bound: dict[str, pg_decisions.SinkRow],
+    database: str,
+) -> str:
+    """The sink the checkpoint's query writes (``--checkpoint`` without ``--sink-id``): the
+    one the commit log binds to that query; else a sink whose id is the query id (a query
+    without the ``sinkId`` option) that is not bound yet (no decision) but registered a run
+    or prepared a transaction. The query id is never taken as the id of a sink the log does
+    not know. None or several: a refusal that names the sinks."""
+    query = checkpoint.query_id
+    writes = sorted(s for s, row in bound.items() if row.query_id == query)
+    if len(writes) == 1:
+        return writes[0]
+    if len(writes) > 1:
+        names = ", ".join(writes)
         raise CliError(
-            f"the checkpoint's query id {checkpoint.query_id[:80]!r} is not a valid sink id",
-            "pass the sink's id with --sink-id",
-        ) from None
+            f"query {query} (checkpoint {checkpoint.path}) writes {len(writes)} sinks in "
+            f"database {database}: {names}; nothing was done",
+            f"name one: --sink-id ID --checkpoint {checkpoint.path} (ID one of {names})",
+        )
+    row = bound.get(query)
+    if row is not None and row.query_id is None:
+        binding = commit_log.binding(conn, query)
+        if binding is not None and binding.kind == "unknown":  # registered, not yet bound
+            return query
+    elif row is None and _prepared_here(conn, query):
+        return query
+    raise CliError(
+        f"no sink in database {database} is bound to query {query}, the query of checkpoint "
+        f"{checkpoint.path} (the sinks it knows: {known_sinks(conn, bound)}); nothing was done",
+        "name the sink: --sink-id ID beside --checkpoint (the query's sinkId option, else its "
+        "query id), and check that --url names the sink's database",
+    )
+
+
+def known_sinks(conn: Connection, bound: dict[str, pg_decisions.SinkRow], most: int = 20) -> str:
+    """The sinks of the commit log, each with what it is bound to (at most ``most``)."""
+    shown = []
+    for sink_id, row in list(bound.items())[:most]:
+        if row.query_id is not None:
+            shown.append(f"{sink_id} (query {row.query_id})")
+        else:
+            binding = commit_log.binding(conn, sink_id)
+            kind = binding.kind if binding is not None else "unknown"
+            shown.append(f"{sink_id} ({'a batch load' if kind == 'load' else 'not bound yet'})")
+    more = f" and {len(bound) - most} more (sqlsink status lists them)" if len(bound) > most else ""
+    return (", ".join(shown) or "none") + more
 
 
 def check_checkpoint_binding(
+    conn: Connection,
     checkpoint: Checkpoint,
     sink_id: str,
     bound: dict[str, pg_decisions.SinkRow],
     me: pg_roles.RoleInfo,
 ) -> None:
-    """Refuse a checkpoint of another query than the one the sink is bound to."""
+    """Refuse a checkpoint of another query than the one the sink is bound to, and one
+    given for a sink bound to a batch load (no query: no checkpoint is its)."""
     row = bound.get(sink_id)
-    if row is None or row.query_id is None or row.query_id == checkpoint.query_id:
+    if row is None or row.query_id == checkpoint.query_id:
         return
+    if row.query_id is not None:
+        holder = f"streaming query {row.query_id}"
+    else:
+        binding = commit_log.binding(conn, sink_id)
+        if binding is None or binding.kind != "load":
+            return  # not bound yet: its first decision binds it
+        holder = binding.describe()
     raise CliError(
-        f"sink {sink_id} (database {me.database}) is bound to streaming query {row.query_id}, "
+        f"sink {sink_id} (database {me.database}) is bound to {holder}, "
         f"but checkpoint {checkpoint.path} belongs to query {checkpoint.query_id}: this "
         "checkpoint and this sink do not belong together, so nothing was done",
         "pass the checkpoint of the query that writes this sink, or the sink id that this "
