@@ -17,6 +17,7 @@ from datetime import datetime
 import psycopg
 
 from sqlsink.errors import TransientError
+from sqlsink.postgres import appnames
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -56,11 +57,9 @@ def sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> Iterat
 
 
 def try_sink_lock(conn: Connection, sink_id: str | None) -> bool:
-    """Take the sink's session lock if it is free (it stacks with ``sink_lock``)."""
-    row = conn.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),)
-    ).fetchone()
-    return bool(row and row[0])
+    """Take the sink's session lock if it is free (it stacks with ``sink_lock``); a
+    fresh take clears the stale records of this session (``_take``)."""
+    return _take(conn, sink_id, wait=False)
 
 
 def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
@@ -76,12 +75,79 @@ def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> b
     ).fetchone()
     before = str(row[0]) if row else "0"
     try:
-        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(sink_id),))
-        return True
+        return _take(conn, sink_id, wait=True)
     except psycopg.errors.LockNotAvailable:
         return False
     finally:
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (before,))
+
+
+# One statement: the take of the sink lock, and, when this session did not hold it already
+# (a fresh take, not a stacked one), the clearing of the runs' records that name this
+# session as its holder. Such a record is stale: a record names a session only while it
+# holds the lock for that run, and this one let the lock go since, without its unlock
+# (PgBouncer's DISCARD ALL after its client died: the server session stays in the pool,
+# same pid and backend start, its lock gone, the record kept; docs/DESIGN.md invariant
+# 10). ``before`` (a CTE with volatile functions: evaluated once, before its reader)
+# reads the records, and pg_locks only when one names this session; the take reads its
+# key from ``before``'s row, so it runs after that check; the records are locked only
+# after the take (a LATERAL subquery of ``taken``'s row), so no row lock is held while
+# the take waits. As in the unlock: ``set_config(..., true)`` lasts to the end of the
+# statement's own implicit transaction, whose commit (one only when a record was
+# cleared) then does not wait for its WAL flush, and a runs row another transaction
+# holds at that moment is skipped, never waited for (a lock_timeout error after the take
+# would leave the lock held by a statement that failed).
+_TAKE_AND_CLEAR = """WITH before AS MATERIALIZED (
+    SELECT hashtextextended(%(key)s, 0) AS key,
+           set_config('synchronous_commit', 'off', true) AS sync,
+           CASE WHEN EXISTS (SELECT FROM sqlsink.runs
+                             WHERE sink_id = %(sink)s AND lock_pid = pg_backend_pid())
+                THEN NOT EXISTS (
+                    SELECT FROM pg_locks l
+                    WHERE l.pid = pg_backend_pid() AND l.granted
+                      AND l.locktype = 'advisory' AND l.objsubid = 1
+                      AND l.database = (SELECT oid FROM pg_database
+                                        WHERE datname = current_database())
+                      AND (l.classid::bigint << 32) | l.objid::bigint
+                          = hashtextextended(%(key)s, 0))
+                ELSE false END AS stale
+), taken AS MATERIALIZED (
+    SELECT b.stale, {ok} AS ok FROM before b, LATERAL {take}(b.key) AS t(r)
+), cleared AS (
+    UPDATE sqlsink.runs r SET lock_pid = NULL, lock_backend_start = NULL
+    FROM taken t,
+         LATERAL (SELECT sink_id, run_id FROM sqlsink.runs
+                  WHERE t.ok AND t.stale AND sink_id = %(sink)s
+                    AND lock_pid = pg_backend_pid()
+                  FOR NO KEY UPDATE SKIP LOCKED) AS mine
+    WHERE r.sink_id = mine.sink_id AND r.run_id = mine.run_id
+    RETURNING 1
+)
+SELECT ok FROM taken
+"""
+_TRY_AND_CLEAR = _TAKE_AND_CLEAR.format(take="pg_try_advisory_lock", ok="t.r")
+_WAIT_AND_CLEAR = _TAKE_AND_CLEAR.format(take="pg_advisory_lock", ok="true")
+
+
+def _take(conn: Connection, sink_id: str | None, *, wait: bool) -> bool:
+    """The sink lock, in one statement that also clears the stale records of this session
+    as its holder (``_TAKE_AND_CLEAR``); ``wait``: under the session's lock_timeout."""
+    key = lock_key(sink_id)
+    if sink_id is not None:
+        try:
+            row = conn.execute(
+                _WAIT_AND_CLEAR if wait else _TRY_AND_CLEAR, {"sink": sink_id, "key": key}
+            ).fetchone()
+            return bool(row and row[0])
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            # no commit log, or one older than version 3, records no holder: the
+            # statement failed in parse analysis, before any of it ran
+            pass
+    if wait:
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        return True
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+    return bool(row and row[0])
 
 
 _HOLDERS = (
@@ -101,7 +167,13 @@ def end_fenced_holders(conn: Connection, sink_id: str | None) -> list[int]:
     the lock since it took it for that run. Sessions are kept between uses
     (postgres/sessions.py), and the new run's commit may hold the lock on the very
     session the fenced run used; a session that a run not superseded records is that
-    run's, whatever a superseded one recorded (a record the unlock could not clear)."""
+    run's, whatever a superseded one recorded (a record the unlock could not clear). A
+    fresh take of the lock clears the records of the taking session too (a session
+    PgBouncer reset and kept, its lock gone without the unlock: ``_TAKE_AND_CLEAR``);
+    a record either step skipped still never gets a session of the CLI ended (its name,
+    ``appnames.cli``): no command of it registers a run, so no run's record of one is
+    current. Neither pg_locks nor pg_stat_activity tells when a hold began, so a record
+    cannot be checked against the hold itself."""
     if sink_id is None:
         return []
     classid, objid = lock_ids(conn, sink_id)
@@ -113,10 +185,11 @@ def end_fenced_holders(conn: Connection, sink_id: str | None) -> list[int]:
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
         "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.pid <> pg_backend_pid() "
+        "AND a.application_name NOT LIKE %s "
         "AND NOT EXISTS (SELECT FROM sqlsink.runs o WHERE o.sink_id = r.sink_id "
         "                AND o.superseded_at IS NULL AND o.lock_pid = a.pid "
         "                AND o.lock_backend_start = a.backend_start)",
-        (sink_id, classid, objid),
+        (sink_id, classid, objid, appnames.cli("%")),
     ).fetchall()
     for pid, run_id, _ in rows:
         log.warning(

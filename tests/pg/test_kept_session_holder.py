@@ -19,6 +19,7 @@ from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode, Check
 from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.model import PartitionOutcome
+from sqlsink.errors import TransientError
 from sqlsink.postgres import appnames, locks
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.sessions import close_idle, session
@@ -277,3 +278,111 @@ def test_a_commit_log_without_holder_records_is_unlocked_once(pg_server: PgServe
         assert held_here(conn, sink)
         locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
         assert not held_here(conn, sink)
+
+
+def reset_like_pgbouncer(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """What PgBouncer's server_reset_query (DISCARD ALL) does to a session whose client
+    died: its advisory locks go, no unlock_sink runs, the session stays."""
+    conn.execute("DISCARD ALL")
+
+
+def test_a_fresh_take_clears_the_record_a_reset_session_left(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Review 2026-11-26 attack1 D3, without PgBouncer: a session lets the lock go without
+    the unlock (DISCARD ALL), so run 1's record of it stays. Its next take of the lock,
+    free (``try_sink_lock``) or waited for (``wait_sink_lock``), clears that record in the
+    same statement; a stacked take keeps a record of the hold still on."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
+    with (
+        psycopg.connect(pg_url, autocommit=True) as conn,
+        psycopg.connect(pg_url, autocommit=True) as other,
+    ):
+        backend = PostgresBackend(conn, 5)  # type: ignore[arg-type]
+        pid = conn.info.backend_pid
+        for wait in (False, True):
+            assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+            backend.register_run(sink, "run-1", 300, holds_lock=True)
+            reset_like_pgbouncer(conn)
+            assert not held_here(conn, sink)
+            assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]  # stale
+            if wait:  # held by another session: the waiting take
+                assert locks.try_sink_lock(other, sink)  # type: ignore[arg-type]
+                threading.Timer(0.5, locks.unlock_sink, (other, sink)).start()
+                assert not locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+                assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
+                assert locks.wait_sink_lock(conn, sink, 10)  # type: ignore[arg-type]
+            else:
+                assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+            assert held_here(conn, sink)
+            assert recorded_holders(pg_url, sink) == [("run-1", False, None)]
+            backend.register_run(sink, "run-1", 300, holds_lock=True)
+            assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]  # stacked
+            assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
+            locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+            locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+            assert not held_here(conn, sink)
+            assert recorded_holders(pg_url, sink) == [("run-1", False, None)]
+
+
+def test_the_take_is_one_statement(pg_server: PgServer, keyed: str, sink: str) -> None:
+    """The driver's commit takes the sink lock every batch: one statement, one round
+    trip, whether or not a stale record is cleared (log_statement = all)."""
+    if pg_server.embedded is None:
+        pytest.skip("reads the server log of a server this run started")
+    log_file = pg_server.embedded.log_file
+    Writer(pg_server.url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        backend = PostgresBackend(conn, 5)  # type: ignore[arg-type]
+        pid = conn.info.backend_pid
+        for stale in (True, False):  # a record to clear, then none
+            if stale:
+                assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+                backend.register_run(sink, "run-1", 300, holds_lock=True)
+                reset_like_pgbouncer(conn)
+            conn.execute("SET log_statement = 'all'")
+            start = log_file.stat().st_size
+            assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
+            conn.execute("SET log_statement = 'none'")
+            with log_file.open("rb") as log:
+                log.seek(start)
+                logged = log.read().decode(errors="replace")
+            statements = [
+                line
+                for line in logged.splitlines()
+                if f"[{pid}]" in line
+                and ("statement: " in line or "execute " in line)
+                and "log_statement" not in line
+            ]
+            assert len(statements) == 1, "\n".join(statements)
+            assert "pg_try_advisory_lock" in logged
+            assert held_here(conn, sink)
+            assert recorded_holders(pg_server.url, sink) == [("run-1", False, None)]
+            locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
+
+
+def test_a_record_naming_a_cli_session_never_gets_it_ended(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """A record the clearing skipped (its row held by a registration at that moment)
+    naming a session that ``sqlsink recover`` or ``forget`` now holds the lock on: no
+    command of the CLI registers a run, so the record is stale whatever it says, and a
+    waiter names that session instead of ending it."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
+    with (
+        psycopg.connect(pg_url, autocommit=True, application_name=appnames.cli("recover")) as cli,
+        psycopg.connect(pg_url, autocommit=True) as waiter,
+    ):
+        assert locks.try_sink_lock(cli, sink)  # type: ignore[arg-type]
+        # the record as a skipped clearing leaves it: run 1's, naming recover's session
+        PostgresBackend(cli, 5).register_run(sink, "run-1", 300, holds_lock=True)  # type: ignore[arg-type]
+        pid = cli.info.backend_pid
+        task = Committer(PostgresBackend(waiter, 1), sink)  # type: ignore[arg-type]
+        task.register("run-2", holds_lock=False)  # run 1 superseded
+        assert recorded_holders(pg_url, sink) == [("run-1", True, pid), ("run-2", False, None)]
+        with pytest.raises(TransientError) as raised:
+            task.resolve_leftovers("run-2", 1)
+        assert f"held by session pid {pid} 'sqlsink recover (cli)'" in str(raised.value)
+        assert cli.execute("SELECT 1").fetchone() == (1,)  # not ended
+        locks.unlock_sink(cli, sink)  # type: ignore[arg-type]
+    assert prepared_of(pg_url, sink) == []

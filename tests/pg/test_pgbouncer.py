@@ -20,9 +20,10 @@ import psycopg
 import pytest
 
 from sqlsink import cli
+from sqlsink.cli.recover import Recovery
 from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
-from sqlsink.errors import ConfigError
+from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import appnames, locks, pooler
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import connect
@@ -209,6 +210,93 @@ def test_recover_and_status_through_session_pooling(
     code, doc, err = run_cli(capsys, "status", "--url", url, "--sink-id", sink)
     assert code == 0, err
     assert doc["sinks"][0]["incomplete_batches"] == [] and doc["sinks"][0]["prepared"] == []
+
+
+def server_pid(conn: psycopg.Connection[Any]) -> int:
+    """The server session's pid (behind PgBouncer, ``info.backend_pid`` is PgBouncer's)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def session_alive(pg_url: str, pid: int) -> bool:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return (
+            conn.execute("SELECT FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            is not None
+        )
+
+
+def test_a_killed_drivers_pooled_session_is_not_ended_as_its_runs_holder_for_recover(
+    session_pool: Bouncer,
+    pg_url: str,
+    table: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 2026-11-26 attack1 D3. Run 1's driver takes the sink lock through PgBouncer
+    (session mode) and records its server session S as the holder; the driver dies
+    there. PgBouncer's reset (DISCARD ALL) lets the lock go but keeps S in its pool, same
+    pid and backend start: the record stays. Run 2 supersedes run 1; the operator's
+    ``sqlsink recover`` gets S next (LIFO) and holds the sink lock on it while run 2's
+    task waits lockTimeout: the task ended S as run 1's zombie holder, and recover died
+    with "lost the connection". Now a fresh take of the lock clears the records of the
+    session: the task names the real holder and ends nobody; recover finishes."""
+    make_table(pg_url, table)
+    sink = new_sink()
+    dead = Writer(pg_url, table, sink, query_id="q", run="run-0")
+    dead.write(0, range(3))  # a dead run's leftover: something for recover to do
+    url = session_pool.url()
+    driver = connect(url, application_name=appnames.committer(sink))
+    backend = PostgresBackend(driver, 5)
+    Committer(backend, sink).register("run-1", holds_lock=False)
+    assert locks.try_sink_lock(driver, sink)  # as sink_lock does, for run 1's commit
+    Committer(backend, sink).register("run-1", holds_lock=True)
+    held_by = server_pid(driver)
+    driver.close()  # the driver dies holding the lock; PgBouncer resets and keeps S
+    with psycopg.connect(pg_url, autocommit=True) as direct:
+        deadline = time.monotonic() + 10
+        while locks.sink_lock_holders(direct, sink):  # type: ignore[arg-type]
+            assert time.monotonic() < deadline, "PgBouncer's reset never let the lock go"
+            time.sleep(0.02)
+        assert direct.execute(
+            "SELECT lock_pid FROM sqlsink.runs WHERE sink_id = %s AND run_id = 'run-1'", (sink,)
+        ).fetchone() == (held_by,)  # the stale record
+    task_conn = connect(pg_url, application_name="sqlsink test task")
+    task = Committer(PostgresBackend(task_conn, 2), sink)
+    task.register("run-2", holds_lock=False)  # run 2 supersedes run 1
+    seen: list[tuple[int, BaseException | None]] = []
+    take_lock = Recovery._take_lock
+
+    def take_lock_then_wait_beside(self: Recovery, *args: Any) -> bool:
+        """recover holds the sink lock (a slow step, a Ctrl-Z) while run 2's task waits."""
+        locked = take_lock(self, *args)
+        assert locked and not seen
+        pid = server_pid(self.conn)  # type: ignore[arg-type]
+        try:
+            task.resolve_leftovers("run-2", 1)
+            seen.append((pid, None))
+        except BaseException as exc:
+            seen.append((pid, exc))
+        return locked
+
+    monkeypatch.setattr(Recovery, "_take_lock", take_lock_then_wait_beside)
+    try:
+        code, doc, err = run_cli(capsys, "recover", "--url", url, "--sink-id", sink)
+    finally:
+        task_conn.close()
+    assert [pid for pid, _ in seen] == [held_by], "recover did not get run 1's server session"
+    error = seen[0][1]
+    assert isinstance(error, TransientError), (
+        f"run 2's task did not wait: {error!r}; recover said ({code}): {err[-300:]}"
+    )
+    assert f"held by session pid {held_by} 'sqlsink recover" in str(error)
+    assert "ended session" not in err
+    assert session_alive(pg_url, held_by)
+    assert code == 0, err
+    assert [a["result"] for a in doc["actions"] if a["sink_id"] == sink] == ["rolled back"]
+    assert prepared_of(pg_url, sink) == []
+    assert ids_of(pg_url, table) == []
 
 
 # -- transaction pooling: refused before anything is written ------------------------------

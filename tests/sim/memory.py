@@ -479,13 +479,13 @@ class MemoryBackend:
 
     def try_sink_lock(self, sink_id: str | None) -> bool:
         self._call(f"try lock {sink_id}")
-        return self._take(lock_key(sink_id))
+        return self._take(lock_key(sink_id), sink_id)
 
     def wait_sink_lock(self, sink_id: str | None, timeout_s: float) -> bool:
         key = lock_key(sink_id)
         self._call(f"lock {sink_id}")
         deadline = self._now() + timeout_s
-        while not self._take(key):
+        while not self._take(key, sink_id):
             if self._now() >= deadline:
                 return False
             self._call(
@@ -495,7 +495,10 @@ class MemoryBackend:
             )
         return True
 
-    def _take(self, key: str) -> bool:
+    def _take(self, key: str, sink_id: str | None) -> bool:
+        """locks._take: a fresh take (not a stacked one) clears the runs' records of this
+        session as the sink lock's holder, in the same round trip (stale: the session let
+        the lock go without the unlock, as after PgBouncer's reset)."""
         place = (self.database, key)
         holder = self.server.advisory.get(place)
         if holder is not None and holder is not self.session:
@@ -504,6 +507,10 @@ class MemoryBackend:
         if key not in self.session.advisory:
             self.session.locked_at[key] = self._now()
             self.server.hooks.on_lock(self.session, key)
+            if sink_id is not None:
+                for (sink, _), run in self._log.runs.items():
+                    if sink == sink_id and run.lock_pid == self.session.pid:
+                        run.lock_pid = run.lock_backend_start = None
         self.session.advisory[key] = self.session.advisory.get(key, 0) + 1
         return True
 

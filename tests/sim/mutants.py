@@ -351,6 +351,21 @@ def _main_unlock_sink(self: MemoryBackend, sink_id: str | None) -> None:
         self.session.advisory[key] = count - 1
 
 
+def _main_take(self: MemoryBackend, key: str, sink_id: str | None) -> bool:
+    """The mirror of the sink lock's take on main: a fresh take leaves the runs' records
+    of the session as its holder alone."""
+    place = (self.database, key)
+    holder = self.server.advisory.get(place)
+    if holder is not None and holder is not self.session:
+        return False
+    self.server.advisory[place] = self.session
+    if key not in self.session.advisory:
+        self.session.locked_at[key] = self._now()
+        self.server.hooks.on_lock(self.session, key)
+    self.session.advisory[key] = self.session.advisory.get(key, 0) + 1
+    return True
+
+
 @contextmanager
 def r2_holder_by_stale_record() -> Iterator[None]:
     """R2 reverted: a session a fenced run recorded as its lock holder is ended as that
@@ -358,6 +373,7 @@ def r2_holder_by_stale_record() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MemoryBackend, "_end_fenced_holders", _main_end_fenced_holders)
         mp.setattr(MemoryBackend, "unlock_sink", _main_unlock_sink)
+        mp.setattr(MemoryBackend, "_take", _main_take)
         yield
 
 
