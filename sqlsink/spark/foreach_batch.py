@@ -205,7 +205,10 @@ class ForeachBatchWriter:
                     "whole batches"
                 )
         self.options = dict(options)
-        self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
+        probe = self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
+        from sqlsink.spark.heartbeat import check_run_timeout
+
+        check_run_timeout(probe)
 
     def process_run_id(self, query_id: str) -> str:
         """The weaker run identity, used only when Spark's run id is not readable: one per

@@ -35,6 +35,9 @@ log = logging.getLogger("sqlsink")
 # a registration writes the heartbeat only when it is older than a second (register_run):
 # beats further apart than that each write it, so it is never older than the interval
 MIN_INTERVAL_S = 1.1
+# the shortest runTimeout a run open in a batch stays heard from within: a beat every
+# MIN_INTERVAL_S, recorded at most once a second, leaves a heartbeat at most ~2.1 s old
+MIN_RUN_TIMEOUT_S = 3.0
 JOIN_S = 0.05  # at the block's exit: how long to wait for a registration in progress
 
 
@@ -133,6 +136,19 @@ class Heartbeat:
 # the open batches' heartbeats, by batch: a batch dropped without exiting ends its own
 _open: weakref.WeakKeyDictionary[object, Heartbeat] = weakref.WeakKeyDictionary()
 _open_lock = threading.Lock()
+
+
+def check_run_timeout(options: SinkOptions) -> None:
+    """Refuse a runTimeout the heartbeat cannot keep an open batch's run live within."""
+    if options.run_timeout_s < MIN_RUN_TIMEOUT_S:
+        raise ConfigError(
+            f"ForeachBatchWriter: runTimeout {options.run_timeout_s:g}s is shorter than the "
+            "writer can keep a run heard from while a batch is open: its heartbeat registers "
+            f"the run every {MIN_INTERVAL_S} s at the shortest, and a registration records a "
+            "beat at most once a second, so a live run would look dead to sqlsink recover "
+            f"and its batch be rolled back. Fix: runTimeout of at least {MIN_RUN_TIMEOUT_S:g}s "
+            "(the default, 5min, suits most queries)"
+        )
 
 
 def before_job(
