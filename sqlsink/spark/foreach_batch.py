@@ -352,7 +352,38 @@ class ForeachBatchWriter:
                 "ForeachBatchWriter(..., checkpoint_location=<the checkpointLocation of the "
                 "query>) (its query id is read from it), or query_id=<the query's id>"
             )
+        self._refuse_off_thread(session, given, batch_id)
         return Identity(given, self.process_run_id(given), self.checkpoint_location, False)
+
+    def _refuse_off_thread(self, session: Any, query_id: str, batch_id: int) -> None:
+        """Classic Spark, no local properties on this thread, yet the writer's query runs
+        in this Spark session: the function handed the batch over on a thread of its own
+        (a thread pool), which Spark's thread-local properties do not reach. Refused: the
+        process-made run id there is not the query's run (the same at a restart in this
+        process), and the call would pass for an operator's from outside the stream."""
+        from sqlsink.spark.support import is_connect
+
+        if session is not None and is_connect(session):
+            return
+        if not _query_active(session, query_id):
+            return
+        raise ConfigError(
+            f"sink {self.sink_id!r}: the writer was called for batch {batch_id} on thread "
+            f"{threading.current_thread().name!r}, which does not carry Spark's thread-local "
+            f"properties ({_QUERY_ID}, {_RUN_ID}, {_BATCH_ID}), while its streaming query "
+            f"{query_id} is running in this Spark session: a thread started inside the "
+            "foreachBatch function (a concurrent.futures.ThreadPoolExecutor, a "
+            "threading.Thread) does not inherit them, so the writer cannot tell the query's "
+            "run (it would take the call for an operator's from outside the stream). Nothing "
+            f"was written for batch {batch_id}. Fix: call the writer on foreachBatch's own "
+            "thread, or run the thread's target through pyspark.inheritable_thread_target "
+            "(pool.submit(inheritable_thread_target(target), ...)) or a "
+            "pyspark.InheritableThread; an operator's writer.skip outside the stream waits "
+            "until the query is stopped",
+            sink_id=self.sink_id,
+            batch=batch_id,
+            query_id=query_id,
+        )
 
 
 def spark_batch_id(session: Any) -> int | None:
@@ -384,6 +415,21 @@ def _running_query(session: Any, query_id: str) -> Any:
         if query is not None:
             return query
     return None
+
+
+def _query_active(session: Any, query_id: str) -> bool:
+    """Whether the query of this id is active in this process's classic Spark (a
+    SparkContext runs here); False where there is none, or it is not readable."""
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:  # no classic Spark in this process
+        return False
+    try:
+        query = _running_query(session, query_id)
+        return query is not None and bool(query.isActive)
+    except Exception as exc:  # e.g. a query_id= that is not a UUID
+        log.debug("sqlsink: whether query %s is active is not readable: %s", query_id, exc)
+    return False
 
 
 def _running_checkpoint(session: Any, query_id: str) -> str | None:

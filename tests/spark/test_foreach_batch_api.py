@@ -10,7 +10,9 @@ with a false data-loss error at the next batch, and again at every restart.
 
 from __future__ import annotations
 
+import json
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -394,4 +396,91 @@ def test_a_wrapped_function_that_raises_decides_nothing(
         run_foreach_batch(spark, tmp_path / "src", tmp_path / "chk", writer.wrap(failing))
     assert decisions(pg_url, writer.sink_id) == {}
     assert table_ids(pg_url, table) == []
+    assert prepared_in_test_db(pg_server) == []
+
+
+def off_thread_text(sink_id: str, query_id: str, batch_id: int) -> str:
+    return (
+        f"sink {sink_id!r}: the writer was called for batch {batch_id} on thread "
+        "'pool_0', which does not carry Spark's thread-local properties "
+        "(sql.streaming.queryId, spark.jobGroup.id, streaming.sql.batchId), while its "
+        f"streaming query {query_id} is running in this Spark session: a thread started "
+        "inside the foreachBatch function (a concurrent.futures.ThreadPoolExecutor, a "
+        "threading.Thread) does not inherit them, so the writer cannot tell the query's "
+        "run (it would take the call for an operator's from outside the stream). Nothing "
+        f"was written for batch {batch_id}. Fix: call the writer on foreachBatch's own "
+        "thread, or run the thread's target through pyspark.inheritable_thread_target "
+        "(pool.submit(inheritable_thread_target(target), ...)) or a "
+        "pyspark.InheritableThread; an operator's writer.skip outside the stream waits "
+        "until the query is stopped"
+    )
+
+
+@pytest.mark.parametrize("call", ["to", "skip"])
+def test_the_writer_called_on_a_plain_thread_pool_inside_foreach_batch_is_refused(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str, call: str
+) -> None:
+    """A plain ThreadPoolExecutor thread does not carry Spark's local properties: the
+    writer took the call for an operator's outside the stream, with the process-made
+    run id (the same at a restart of the query in this process: a restart after a crash
+    was refused for ever as "already decided by this very run"; a skip was refused with
+    the outside-the-stream text). Refused at batch 0, nothing written, nothing
+    prepared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keyed_table(pg_url, table)
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", checkpoint_location=str(checkpoint)
+    )
+    target = writer.to(table) if call == "to" else (lambda df, batch_id: writer.skip(batch_id))
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+
+        def function(df: Any, batch_id: int) -> None:
+            pool.submit(target, df, batch_id).result()
+
+        write_source(source, [range(0, 3)])
+        with pytest.raises(Exception) as stopped:
+            run_foreach_batch(spark, source, checkpoint, function)
+    text = str(stopped.value)
+    print(f"{call}: the query stopped with: {text[text.find('sink ') :][:900]}")
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
+    assert off_thread_text(writer.sink_id, query_id, 0) in text
+    assert table_ids(pg_url, table) == []
+    with psycopg.connect(pg_url) as conn:  # refused before the schema is even made
+        made = conn.execute("SELECT to_regclass('sqlsink.decisions')").fetchone()
+    assert made is not None
+    assert made[0] is None or decisions(pg_url, writer.sink_id) == {}
+    assert prepared_in_test_db(pg_server) == []
+
+
+def test_the_writer_on_an_inheritable_thread_inside_foreach_batch_writes(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """pyspark.inheritable_thread_target copies Spark's local properties to the pool
+    thread: the writer knows the query's run there, and a restart replays nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark import inheritable_thread_target
+
+    keyed_table(pg_url, table)
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=f"fb-{table[2:]}", checkpoint_location=str(checkpoint)
+    )
+    with ThreadPoolExecutor(1) as pool:
+
+        def function(df: Any, batch_id: int) -> None:
+            with warnings.catch_warnings():  # PySpark 4 warns that job tags are not copied
+                warnings.simplefilter("ignore", UserWarning)
+                target = inheritable_thread_target(writer.to(table))
+            pool.submit(target, df, batch_id).result()
+
+        write_source(source, [range(0, 3)])
+        run_foreach_batch(spark, source, checkpoint, function)
+        add_source_file(source, 1, range(3, 6))
+        run_foreach_batch(spark, source, checkpoint, function)
+    assert table_ids(pg_url, table) == list(range(6))
+    rows = (3, 1, True, [f"public.{table}"])
+    assert decisions(pg_url, writer.sink_id) == {0: rows, 1: rows}
     assert prepared_in_test_db(pg_server) == []
