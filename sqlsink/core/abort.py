@@ -80,7 +80,7 @@ def abort_batch(
                 sink_id,
             )
             return ResolutionReport()
-        committer.register(run_id, holds_lock=True)
+        committer.register(run_id, holds_lock=True, load=load or query_id is None)
         decided = (sink_id, batch_id) in backend.decisions(sink_id, [(sink_id, batch_id)])
         if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
             backend.mark_aborted(sink_id, run_id, batch_id)

@@ -34,17 +34,32 @@ def check_forward(sink_id: str, batch_id: int, highest: int | None) -> None:
         raise checkpoint_error(sink_id, batch_id, highest)
 
 
-def fenced_error(sink_id: str, run_id: str, fenced_by: str) -> FencedError:
+def fenced_error(sink_id: str, run_id: str, fenced_by: str, *, load: bool = False) -> FencedError:
+    """``load``: the run is a named batch load's (no streaming query): it has no checkpoint
+    to restart from, so the newer run is another load of the same sinkId."""
     by = "an operator (sqlsink recover --force)" if fenced_by == "operator" else f"run {fenced_by}"
-    return FencedError(
-        f"sink {sink_id!r}: run {run_id} was superseded by {by}: a newer run of this sink "
-        "started (its checkpoint restarted while this driver was paused or cut off), so "
-        "this run is a zombie. It writes, decides and resolves nothing; stop this query, "
-        "the newer run goes on",
-        sink_id=sink_id,
-        run=run_id,
-        fenced_by=fenced_by,
-    )
+    if load:
+        why = (
+            "an operator ended this load's run"
+            if fenced_by == "operator"
+            else "another load of this sinkId started after this one"
+        )
+        message = (
+            f"sink {sink_id!r}: run {run_id} was superseded by {by}: {why}, so this load "
+            "stops. Nothing of this load was written: it decides nothing, and its prepared "
+            "parts are rolled back (by the other load's commit, or by sqlsink recover "
+            f"--sink-id {sink_id}). Fix: loads of different data need different sinkIds; "
+            "a re-run of the same load waits for the other one to finish, then runs again "
+            "(and writes nothing if that one committed)"
+        )
+    else:
+        message = (
+            f"sink {sink_id!r}: run {run_id} was superseded by {by}: a newer run of this "
+            "sink started (its checkpoint restarted while this driver was paused or cut "
+            "off), so this run is a zombie. It writes, decides and resolves nothing; stop "
+            "this query, the newer run goes on"
+        )
+    return FencedError(message, sink_id=sink_id, run=run_id, fenced_by=fenced_by)
 
 
 def binding_error(sink_id: str, bound: Binding, writer: Binding) -> SinkBindingError:

@@ -50,6 +50,37 @@ def test_a_resumed_zombie_driver_is_fenced_and_touches_nothing_of_the_new_run(
     assert prepared_of(pg_url, sink) == []
 
 
+def test_a_load_superseded_by_another_load_of_its_sink_id_says_so_and_writes_nothing(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Two named loads of different data under one sinkId at once: the one that started
+    first is fenced, and its error speaks of loads, not of a checkpoint or a query."""
+    first = Writer(pg_url, keyed, sink, query_id=None, run="run-a")
+    paused = [first.write(0, range(0, 5), 0), first.write(0, range(5, 10), 1)]
+    second = Writer(pg_url, keyed, sink, query_id=None, run="run-b")
+    in_flight = [second.write(0, range(100, 105), 0)]
+    said = (
+        f"sink {sink!r}: run run-a was superseded by run run-b: another load of this sinkId "
+        "started after this one, so this load stops. Nothing of this load was written: it "
+        "decides nothing, and its prepared parts are rolled back (by the other load's "
+        f"commit, or by sqlsink recover --sink-id {sink}). Fix: loads of different data "
+        "need different sinkIds; a re-run of the same load waits for the other one to "
+        "finish, then runs again (and writes nothing if that one committed)"
+    )
+    with pytest.raises(FencedError) as fenced:
+        first.commit(0, paused)
+    assert str(fenced.value) == said
+    with pytest.raises(FencedError) as fenced:
+        first.abort(0, paused)
+    assert str(fenced.value) == said
+    with pytest.raises(FencedError) as fenced:
+        first.write(0, range(10, 15), 2)
+    assert str(fenced.value) == said
+    second.commit(0, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(100, 105))
+    assert prepared_of(pg_url, sink) == []  # the first load's parts were rolled back
+
+
 def test_a_superseded_run_never_becomes_the_newest_again(
     pg_url: str, keyed: str, sink: str
 ) -> None:
