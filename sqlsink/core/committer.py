@@ -87,10 +87,11 @@ class Committer:
         writer: Binding | None = None,
         token: str | None = None,
         load: bool = False,
+        decided: bool = False,
     ) -> None:
         """Record the run (invariant 10); a FencedError when a newer run superseded it.
-        ``load``: the run is a named batch load's (also known from ``writer``), for the
-        error's text.
+        ``load``: the run is a named batch load's (also known from ``writer``); ``decided``:
+        its batch is decided already (an abort after a failed commit): for the error's text.
 
         With ``writer``: the binding check and the registration are one step (the sink's
         row locked), so a writer the sink refuses never supersedes the owner's run, even
@@ -108,7 +109,7 @@ class Committer:
         )
         if fenced_by is not None:
             is_load = load or (writer is not None and writer.kind == "load")
-            raise fenced_error(sink_id, run_id, fenced_by, load=is_load)
+            raise fenced_error(sink_id, run_id, fenced_by, load=is_load, decided=decided)
 
     # -- who may write (invariants 8 and 9) ---------------------------------------------
 
