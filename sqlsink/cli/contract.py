@@ -341,7 +341,8 @@ class ForgetDocument(Envelope):
     last_batch: int | None
     message: str | None  # why it was refused
     # once forgotten: what a query restarted from its old checkpoint would do (it replays
-    # its last batch against the empty log, writing its rows again)
+    # its last batch against the empty log, writing its rows again); for a named batch
+    # load's sink, what a re-run of that load would do (write its rows again)
     replay_warning: str | None
 
 

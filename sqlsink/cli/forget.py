@@ -30,9 +30,18 @@ def start(args: argparse.Namespace, envelope: Envelope) -> ForgetDocument:
     }
 
 
-def replay_warning(sink_id: str, last_batch: int | None) -> str:
+def replay_warning(sink_id: str, last_batch: int | None, writer: str | None = None) -> str:
     """What forgetting cannot prevent: the log made a replay of the last batch write
-    nothing, and the checkpoint that would replay it is not in the database."""
+    nothing, and the checkpoint that would replay it is not in the database. For a sink
+    bound to a named batch load (``writer`` 'load'): the log made a re-run of that load
+    write nothing."""
+    if writer == "load":
+        return (
+            f"sink id {sink_id} belonged to a named batch load, and its log is what made a "
+            "re-run of that load write nothing: now a re-run of the old load (a job "
+            "retried, or run again after a crash) writes that load's rows again; use sink "
+            f"id {sink_id} again only for data that is not in the table yet"
+        )
     return (
         f"a query restarted from its old checkpoint replays its last batch ({last_batch}) "
         "against the now empty log, so that batch's rows are written again (its driver may "
@@ -56,7 +65,7 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
             doc["first_batch"] = gone.first_batch
             doc["last_batch"] = gone.last_batch
             if doc["forgotten"]:
-                doc["replay_warning"] = replay_warning(args.sink_id, gone.last_batch)
+                doc["replay_warning"] = replay_warning(args.sink_id, gone.last_batch, gone.writer)
     code = EXIT_WARN if doc["message"] else EXIT_OK
     if not out.json_mode:
         header(out, "forget", me)

@@ -80,8 +80,10 @@ def abort_batch(
                 sink_id,
             )
             return ResolutionReport()
-        committer.register(run_id, holds_lock=True)
-        decided = (sink_id, batch_id) in backend.decisions(sink_id, [(sink_id, batch_id)])
+        decision = backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+        decided = decision is not None
+        mine = decision is not None and decision.run_id == run_id  # a fenced load: rows in
+        committer.register(run_id, holds_lock=True, load=load or query_id is None, decided=mine)
         if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
             backend.mark_aborted(sink_id, run_id, batch_id)
         report = committer.resolver.resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]

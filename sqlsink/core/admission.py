@@ -34,13 +34,49 @@ def check_forward(sink_id: str, batch_id: int, highest: int | None) -> None:
         raise checkpoint_error(sink_id, batch_id, highest)
 
 
-def fenced_error(sink_id: str, run_id: str, fenced_by: str) -> FencedError:
+def fenced_error(
+    sink_id: str, run_id: str, fenced_by: str, *, load: bool = False, decided: bool = False
+) -> FencedError:
+    """``load``: the run is a named batch load's (no streaming query): it has no checkpoint
+    to restart from, so the newer run is another load of the same sinkId (or an
+    operator). ``decided``: the load's batch was decided before (an abort after a failed
+    commit): its rows are then committed, not rolled back."""
     by = "an operator (sqlsink recover --force)" if fenced_by == "operator" else f"run {fenced_by}"
+    if not load:
+        return FencedError(
+            f"sink {sink_id!r}: run {run_id} was superseded by {by}: a newer run of this "
+            "sink started (its checkpoint restarted while this driver was paused or cut "
+            "off), so this run is a zombie. It writes, decides and resolves nothing; stop "
+            "this query, the newer run goes on",
+            sink_id=sink_id,
+            run=run_id,
+            fenced_by=fenced_by,
+        )
+    operator = fenced_by == "operator"
+    finisher = "sqlsink recover" if operator else "the other load's commit, or by sqlsink recover"
+    if decided:
+        outcome = (
+            "Its batch was decided before, so its rows are committed all the same (by "
+            f"{finisher} --sink-id {sink_id})"
+        )
+    else:
+        outcome = (
+            "Nothing of this load was written: it decides nothing, and its prepared parts "
+            f"are rolled back (by {finisher} --sink-id {sink_id})"
+        )
+    if operator:
+        why = "an operator ended this load's run"
+        fix = "run the load again under the same sinkId (it writes its rows once)"
+    else:
+        why = "another load of this sinkId started after this one"
+        fix = (
+            "loads of different data need different sinkIds; a re-run of the same load "
+            "waits for the other one to finish, then runs again (and writes nothing if "
+            "that one committed)"
+        )
     return FencedError(
-        f"sink {sink_id!r}: run {run_id} was superseded by {by}: a newer run of this sink "
-        "started (its checkpoint restarted while this driver was paused or cut off), so "
-        "this run is a zombie. It writes, decides and resolves nothing; stop this query, "
-        "the newer run goes on",
+        f"sink {sink_id!r}: run {run_id} was superseded by {by}: {why}, so this load "
+        f"stops. {outcome}. Fix: {fix}",
         sink_id=sink_id,
         run=run_id,
         fenced_by=fenced_by,

@@ -86,8 +86,12 @@ class Committer:
         holds_lock: bool,
         writer: Binding | None = None,
         token: str | None = None,
+        load: bool = False,
+        decided: bool = False,
     ) -> None:
         """Record the run (invariant 10); a FencedError when a newer run superseded it.
+        ``load``: the run is a named batch load's (also known from ``writer``); ``decided``:
+        its batch is decided already (an abort after a failed commit): for the error's text.
 
         With ``writer``: the binding check and the registration are one step (the sink's
         row locked), so a writer the sink refuses never supersedes the owner's run, even
@@ -104,7 +108,8 @@ class Committer:
             sink_id, run_id, self.run_timeout_s, holds_lock=holds_lock, admit=admit, token=token
         )
         if fenced_by is not None:
-            raise fenced_error(sink_id, run_id, fenced_by)
+            is_load = load or (writer is not None and writer.kind == "load")
+            raise fenced_error(sink_id, run_id, fenced_by, load=is_load, decided=decided)
 
     # -- who may write (invariants 8 and 9) ---------------------------------------------
 
@@ -169,7 +174,7 @@ class Committer:
         """``commit_batch`` under the sink lock: the report, and COMMIT PREPARED's time."""
         sink_id = self.required_sink()
         highest = self.check_writer(writer, batch_id)
-        self.register(run_id, holds_lock=True)
+        self.register(run_id, holds_lock=True, load=load or query_id is None)
         if run_id is not None and not load:
             # before deciding: batches Spark committed that the log lacks stop here, and so
             # do undecided leftovers below N (their decision was lost: deciding N would

@@ -107,7 +107,8 @@ class Participant:
         task = self.task
         state = self.backend.task_state(task.sink_id, task.run_id, task.batch_id)
         if state.fenced_by is not None:
-            raise fenced_error(task.sink_id, task.run_id, state.fenced_by)
+            load = task.query_id is None  # a named batch load's task (no streaming query)
+            raise fenced_error(task.sink_id, task.run_id, state.fenced_by, load=load)
         return state
 
     def _earlier_attempt(self, gids: list[Gid]) -> str | None:

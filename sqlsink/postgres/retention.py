@@ -8,6 +8,7 @@ incomplete decision (invariant 8): it is what the log is there to finish.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError
@@ -44,6 +45,7 @@ class Forgotten:
     decisions: int
     first_batch: int | None
     last_batch: int | None
+    writer: str | None = None  # what the sink was bound to: 'stream', 'load' (or None)
 
 
 def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
@@ -62,36 +64,64 @@ def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
             f"       ARRAY(SELECT run_id FROM ({RUNS_SQL}) AS runs WHERE live), "
             "       (SELECT count(*) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
             "       (SELECT min(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
-            "       (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s)",
+            "       (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
+            "       (SELECT writer FROM sqlsink.sinks WHERE sink_id = %(sink)s), "
+            f"       (SELECT max(heartbeat_at + timeout * interval '1 second') FROM ({RUNS_SQL}) "
+            "        AS runs WHERE live)",
             {"prefix": prefix, "sink": sink_id},
         ).fetchone()
         assert row is not None
         prepared = [g for g in row[0] if Gid.parse(str(g)) is not None]
         incomplete, live = list(row[1]), list(row[2])
+        writer, live_until = row[6], row[7]
         if prepared or incomplete or live:
-            raise ConfigError(_refusal(sink_id, prepared, incomplete, live), sink_id=sink_id)
+            load = writer == "load"
+            refusal = _refusal(sink_id, prepared, incomplete, live, load=load, until=live_until)
+            raise ConfigError(refusal, sink_id=sink_id)
         conn.execute("SELECT set_config('sqlsink.forget', %s, true)", (sink_id,))
         for table in ("markers", "decisions", "runs", "sinks"):
             conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))
-        return Forgotten(int(row[3]), row[4], row[5])
+        return Forgotten(int(row[3]), row[4], row[5], None if writer is None else str(writer))
 
 
-def _refusal(sink_id: str, prepared: list[str], incomplete: list[int], live: list[str]) -> str:
+def _refusal(
+    sink_id: str,
+    prepared: list[str],
+    incomplete: list[int],
+    live: list[str],
+    *,
+    load: bool = False,
+    until: datetime | None = None,
+) -> str:
+    """``load``: the sink is bound to a named batch load, which has no query to stop: its
+    run is live until its runTimeout passes after it was last heard from (``until``)."""
     parts = []
     if prepared:
         parts.append(f"{len(prepared)} prepared transaction(s) ({', '.join(prepared[:3])})")
     if incomplete:
         parts.append(f"incomplete batch(es) {', '.join(map(str, incomplete[:10]))}")
-    if live:
+    when = "" if until is None else f"{until.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    if live and load:
+        parts.append(
+            f"a live run ({', '.join(live)}): a named load's run is considered live until "
+            "its runTimeout has passed since it was last heard from, even once the load "
+            f"has finished{f' (here until {when})' if when else ''}"
+        )
+    elif live:
         parts.append(
             f"a live run ({', '.join(live)}) heard from within its timeout (runTimeout, "
             "or 3 x its batch interval if longer)"
         )
-    fix = (
-        "stop the query first, or wait for its timeout (sqlsink status shows it)"
-        if live and not (prepared or incomplete)
-        else f"run sqlsink recover --sink-id {sink_id} first (and stop the query if it runs)"
-    )
+    if live and not (prepared or incomplete):
+        fix = (
+            f"once the load has finished, wait until {when or 'its runTimeout has passed'} "
+            "(sqlsink status shows its run)"
+            if load
+            else "stop the query first, or wait for its timeout (sqlsink status shows it)"
+        )
+    else:
+        stop = "let the load finish if it runs" if load else "stop the query if it runs"
+        fix = f"run sqlsink recover --sink-id {sink_id} first (and {stop})"
     return (
         f"sink {sink_id} is not finished: it has {'; '.join(parts)}. Forgetting it now would "
         f"lose what its log is there to complete. Nothing was removed. Fix: {fix}, then run "

@@ -494,7 +494,9 @@ def rerun(decision: Decision, input_rows: int) -> None:
     """A named load whose batch another run decided wrote nothing (exactly once: a re-run
     after a crash, or of a job whose commit was done, must not write twice). Never
     silently: with the input of that load (as many rows) a warning in the driver's output;
-    with other input a refusal, since that is new data under the old sink id."""
+    with other input a refusal: new data under the old sink id, or the same load over an
+    input that changed since (its decided rows are in already: only the others may go,
+    under a new sink id)."""
     sink = decision.sink_id
     when = f"{decision.decided_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     decided = (
@@ -503,10 +505,18 @@ def rerun(decision: Decision, input_rows: int) -> None:
         "written once"
     )
     if input_rows != decision.rows:
+        # new data, or the same load over an input that changed since: the decided rows
+        # are in the table either way, so the fix is never "the whole input again"
+        grown = input_rows > decision.rows
+        since = "has grown since" if grown else "has changed since"
+        what = "the rows added since" if grown else "the rows that are not among them"
         raise ConfigError(
             f"sqlsink {sink}: refused, nothing of this load is written: {decided}; this "
-            f"load's input has {input_rows} rows, so it is not a re-run of that load. Fix: "
-            "write new data under a new sinkId",
+            f"load's input has {input_rows} rows, so it is not a re-run of that load as it "
+            "was. Fix: if this is new data, write it under a new sinkId; if it is that same "
+            f"load over an input that {since}, its decided rows are already in "
+            f"({decision.rows} rows at {when}): write only {what}, under a new sinkId, "
+            "never the whole input again",
             sink=sink,
             batch=0,
         )

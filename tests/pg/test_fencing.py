@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from sqlsink.core.faults import ENV as FAULTS_ENV
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.model import Binding, PartitionOutcome
 from sqlsink.errors import FencedError, SinkBindingError, TransientError
 from sqlsink.postgres.partition import write_partition
 from sqlsink.spark.driver_token import run_token
@@ -47,6 +47,65 @@ def test_a_resumed_zombie_driver_is_fenced_and_touches_nothing_of_the_new_run(
         zombie.abort(6, [None])
     new.commit(6, in_flight)
     assert ids_of(pg_url, keyed) == list(range(40, 70))
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_a_load_superseded_by_another_load_of_its_sink_id_says_so_and_writes_nothing(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """Two named loads of different data under one sinkId at once: the one that started
+    first is fenced, and its error speaks of loads, not of a checkpoint or a query."""
+    first = Writer(pg_url, keyed, sink, query_id=None, run="run-a")
+    paused = [first.write(0, range(0, 5), 0), first.write(0, range(5, 10), 1)]
+    second = Writer(pg_url, keyed, sink, query_id=None, run="run-b")
+    in_flight = [second.write(0, range(100, 105), 0)]
+    said = (
+        f"sink {sink!r}: run run-a was superseded by run run-b: another load of this sinkId "
+        "started after this one, so this load stops. Nothing of this load was written: it "
+        "decides nothing, and its prepared parts are rolled back (by the other load's "
+        f"commit, or by sqlsink recover --sink-id {sink}). Fix: loads of different data "
+        "need different sinkIds; a re-run of the same load waits for the other one to "
+        "finish, then runs again (and writes nothing if that one committed)"
+    )
+    with pytest.raises(FencedError) as fenced:
+        first.commit(0, paused)
+    assert str(fenced.value) == said
+    with pytest.raises(FencedError) as fenced:
+        first.abort(0, paused)
+    assert str(fenced.value) == said
+    with pytest.raises(FencedError) as fenced:
+        first.write(0, range(10, 15), 2)
+    assert str(fenced.value) == said
+    second.commit(0, in_flight)
+    assert ids_of(pg_url, keyed) == list(range(100, 105))
+    assert prepared_of(pg_url, sink) == []  # the first load's parts were rolled back
+
+
+def test_a_load_fenced_in_its_abort_after_its_own_decision_says_its_rows_are_in(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """A load whose commit failed after its decision, fenced by another load before its
+    abort: its rows are committed, and its error says so (not "nothing written")."""
+    first = Writer(pg_url, keyed, sink, query_id=None, run="run-a")
+    parts: list[PartitionOutcome | None] = [first.write(0, range(0, 5), 0)]
+    with first.committer() as committer:  # decided, then the commit fails
+        gids = [o.gid for o in parts if o is not None and o.gid]
+        committer.backend.bind(sink, Binding("load"))
+        committer.backend.insert_decision(sink, 0, gids, 5, None, first.run)
+    second = Writer(pg_url, keyed, sink, query_id=None, run="run-b")
+    skipped = [second.write(0, range(100, 105), 0)]  # its task: decided, skips
+    with pytest.raises(FencedError) as fenced:
+        first.abort(0, parts)
+    assert str(fenced.value) == (
+        f"sink {sink!r}: run run-a was superseded by run run-b: another load of this sinkId "
+        "started after this one, so this load stops. Its batch was decided before, so its "
+        "rows are committed all the same (by the other load's commit, or by sqlsink "
+        f"recover --sink-id {sink}). Fix: loads of different data need different sinkIds; a re-run "
+        "of the same load waits for the other one to finish, then runs again (and writes "
+        "nothing if that one committed)"
+    )
+    second.commit(0, skipped)
+    assert ids_of(pg_url, keyed) == list(range(5))
     assert prepared_of(pg_url, sink) == []
 
 

@@ -5,6 +5,7 @@ half-commit a batch."""
 from __future__ import annotations
 
 import time
+from datetime import timezone
 
 import psycopg
 
@@ -86,3 +87,41 @@ def test_forget_warns_that_a_replay_from_the_old_checkpoint_writes_again(
     assert as_json.json["replay_warning"] == warning.replace("batch (1)", "batch (0)")
     nothing = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
     assert (nothing.json["forgotten"], nothing.json["replay_warning"]) == (False, None)
+
+
+def test_forget_of_a_named_loads_sink_speaks_of_the_load_not_of_a_query(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """A sink bound to a named batch load: no query to stop while its run is live, no
+    checkpoint to replay from once forgotten; what holds is said instead."""
+    load = Writer(pg_url, keyed, sink, query_id=None, run="run-load", extra={"runTimeout": "3s"})
+    load.batch(0, range(5), range(5, 10))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT heartbeat_at + live_for FROM sqlsink.runs WHERE sink_id = %s", (sink,)
+        ).fetchone()
+    assert row is not None
+    until = f"{row[0].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    refused = sqlsink("forget", "--url", pg_url, "--sink-id", sink)
+    assert refused.code == 1, refused.out + refused.err
+    assert (
+        f"refused: sink {sink} is not finished: it has a live run (run-load): a named load's "
+        "run is considered live until its runTimeout has passed since it was last heard "
+        f"from, even once the load has finished (here until {until}). Forgetting it now "
+        "would lose what its log is there to complete. Nothing was removed. Fix: once the "
+        f"load has finished, wait until {until} (sqlsink status shows its run), then run "
+        "sqlsink forget again"
+    ) in refused.out.splitlines(), refused.out
+
+    time.sleep(3.2)  # the load's run is no longer live (runTimeout 3s)
+    done = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
+    assert done.code == 0, done.out + done.err
+    assert done.json["replay_warning"] == (
+        f"sink id {sink} belonged to a named batch load, and its log is what made a re-run "
+        "of that load write nothing: now a re-run of the old load (a job retried, or run "
+        "again after a crash) writes that load's rows again; use sink id "
+        f"{sink} again only for data that is not in the table yet"
+    )
+    # and so it does: the same load again, under the forgotten sink id
+    Writer(pg_url, keyed, sink, query_id=None).batch(0, range(100, 105))
+    assert ids_of(pg_url, keyed) == [*range(10), *range(100, 105)]

@@ -82,17 +82,19 @@ def test_a_named_load_run_again_is_never_silent(
 ) -> None:
     """A named load run again writes nothing (exactly once: a re-run after a crash must
     not write twice), and says so: with the same input it warns in the driver's own
-    output; with other input (new data under the old sink id) it is refused, loudly."""
+    output; with other input (new data under the old sink id, or the same load over an
+    input that grew or changed since) it is refused, loudly, naming both fixes."""
     sink = f"load-{table[2:]}"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("SQLSINK_FAULTS_FILE", None)
-    args = [pg_url, table, sink, "0:300", "0:300", "300:700"]
+    args = [pg_url, table, sink, "0:300", "0:300", "300:700", "0:200"]
     run = run_program("-m", "tests.spark.load_driver", *args, timeout=420, env=env)
     done = run.stdout.splitlines()
     assert [line.split(": ")[:2] for line in done] == [
         ["load 0:300", "ok"],
         ["load 0:300", "ok"],
         ["load 300:700", "failed"],
+        ["load 0:200", "failed"],
     ], run.stdout[-4000:] + run.stderr[-4000:]
     assert table_ids(pg_url, table) == list(range(300))
     assert prepared_transactions(pg_server.admin_url) == []
@@ -114,6 +116,19 @@ def test_a_named_load_run_again_is_never_silent(
         f"sqlsink {sink}: refused, nothing of this load is written: sink id {sink} decided "
         f"its batch 0 at {when} (300 rows in 4 partitions, run {row[1]}), and a named "
         "load is written once; this load's input has 400 rows, so it is not a re-run of "
-        "that load. Fix: write new data under a new sinkId"
+        "that load as it was. Fix: if this is new data, write it under a new sinkId; if it "
+        "is that same load over an input that has grown since, its decided rows are "
+        f"already in (300 rows at {when}): write only the rows added since, under a new "
+        "sinkId, never the whole input again"
     )
     assert refused in done[2], done[2]
+    shrunk = (
+        f"sqlsink {sink}: refused, nothing of this load is written: sink id {sink} decided "
+        f"its batch 0 at {when} (300 rows in 4 partitions, run {row[1]}), and a named "
+        "load is written once; this load's input has 200 rows, so it is not a re-run of "
+        "that load as it was. Fix: if this is new data, write it under a new sinkId; if it "
+        "is that same load over an input that has changed since, its decided rows are "
+        f"already in (300 rows at {when}): write only the rows that are not among them, "
+        "under a new sinkId, never the whole input again"
+    )
+    assert shrunk in done[3], done[3]

@@ -62,6 +62,7 @@ def test_errors_pickle(cls: type[SqlsinkError]) -> None:
     [
         fenced_error("orders", "run-1", "run-2"),
         fenced_error("orders", "run-1", "operator"),
+        fenced_error("orders", "run-1", "run-2", load=True),
         binding_error("orders", Binding.of("q1"), Binding("load")),
         checkpoint_error("orders", 3, 7),
         data_loss_error([(3, GID), (3, "not-a-gid")]),
@@ -95,3 +96,15 @@ def test_fencing_names_the_fencer() -> None:
     by_hand = fenced_error("orders", "run-1", "operator")
     assert "an operator (sqlsink recover --force)" in by_hand.message
     assert by_hand.context == {"sink_id": "orders", "run": "run-1", "fenced_by": "operator"}
+
+
+def test_a_fenced_load_is_told_of_the_operator_not_of_another_load() -> None:
+    """A named batch load's run ended by recover --force: no checkpoint, no query, and
+    no other load to name."""
+    assert fenced_error("orders", "run-1", "operator", load=True).message == (
+        "sink 'orders': run run-1 was superseded by an operator (sqlsink recover --force): "
+        "an operator ended this load's run, so this load stops. Nothing of this load was "
+        "written: it decides nothing, and its prepared parts are rolled back (by sqlsink "
+        "recover --sink-id orders). Fix: run the load again under the same sinkId (it "
+        "writes its rows once)"
+    )
