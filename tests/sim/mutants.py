@@ -125,6 +125,8 @@ def item_9_fencing_ignored() -> Iterator[None]:
         holds_lock: bool,
         writer: Binding | None = None,
         token: str | None = None,
+        load: bool = False,
+        decided: bool = False,
     ) -> None:
         if run_id is not None:
             self.backend.register_run(
