@@ -21,6 +21,14 @@ run never handed to the writer.
     the highest decided batch, ``fillable``) as an empty batch, through the
     committer, before anything of b is committed.
 
+    a run hands batch b after its hand-over of a, a < b, ended undecided (the block
+    raised: aborted, nothing committed), a still undecided in the log: the function
+    caught the writer's error and returned, so Spark recorded a as committed without
+    its rows -> refused (DataLossError, ``swallowed_loss_error``) before anything of b
+    is written. Only the same run (the same process): a new run (a restart) replays
+    a batch whose function raised, and a Spark task retry does not call the function
+    again. (``wrap`` refuses at a's own return: ``swallowed_error``.)
+
 A real replay comes from a new run only: Spark re-runs a batch after a restart (a new
 run id), and the foreachBatch writer's own run id (when Spark's is not readable) is
 replaced after an abort. So a batch decided by the run that hands it again is the
@@ -40,7 +48,7 @@ from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.checkpoint_check import CheckpointCheck, Unreadable
 from sqlsink.core.committer import Committer
 from sqlsink.core.model import Decision, ResolutionReport
-from sqlsink.errors import ConfigError
+from sqlsink.errors import ConfigError, DataLossError
 
 FIX = (
     "write every DataFrame of a batch in one `with writer.batch(batch_id)` block — one "
@@ -275,11 +283,13 @@ def deciding(check: CheckpointCheck | None, batches: Collection[int]) -> Checkpo
 
 
 class HandedBatches:
-    """Per (sink, run): the last batch id handed to a writer of the sink in this process.
-    Thread-safe (queries of one driver run their functions on their own threads)."""
+    """Per (sink, run): the last batch id handed to a writer of the sink in this process,
+    and the batches whose hand-over ended undecided (``fail``). Thread-safe (queries of
+    one driver run their functions on their own threads)."""
 
     def __init__(self, keep: int = 1000) -> None:
         self._last: dict[tuple[str, str], int] = {}
+        self._failed: dict[tuple[str, str], set[int]] = {}
         self._keep = keep  # runs remembered (a process may see many restarts)
         self._lock = threading.Lock()
 
@@ -293,7 +303,8 @@ class HandedBatches:
                 self._last.pop(key, None)  # newest last: the oldest run is dropped first
                 self._last[key] = batch_id
                 while len(self._last) > self._keep:
-                    del self._last[next(iter(self._last))]
+                    self._failed.pop(oldest := next(iter(self._last)), None)
+                    del self._last[oldest]
             if last is None or batch_id <= last + 1:
                 return range(0)
             return range(last + 1, batch_id)
@@ -307,6 +318,76 @@ class HandedBatches:
         """The last batch this run handed, None when it handed none yet."""
         with self._lock:
             return self._last.get((sink_id, run_id))
+
+    def fail(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        """The run's hand-over of ``batch_id`` ended without deciding it (it raised)."""
+        with self._lock:
+            self._failed.setdefault((sink_id, run_id), set()).add(batch_id)
+            while len(self._failed) > self._keep:
+                del self._failed[next(iter(self._failed))]
+
+    def settle(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        """The run's hand-over of ``batch_id`` ended decided."""
+        with self._lock:
+            self._failed.get((sink_id, run_id), set()).discard(batch_id)
+
+    def carry(self, sink_id: str, old: str, new: str) -> None:
+        """The process replaced run ``old`` by ``new`` after an abort (``ProcessRuns``):
+        the new run goes on from the old one's batches, failed ones included."""
+        if old == new:
+            return
+        with self._lock:
+            last = self._last.get((sink_id, old))
+            if last is not None and (sink_id, new) not in self._last:
+                self._last[(sink_id, new)] = last
+            failed = self._failed.get((sink_id, old))
+            if failed:
+                self._failed.setdefault((sink_id, new), set()).update(failed)
+
+    def failed_before(self, sink_id: str, run_id: str, batch_id: int) -> list[int]:
+        """The batches before ``batch_id`` whose hand-over by this run ended undecided."""
+        with self._lock:
+            return sorted(b for b in self._failed.get((sink_id, run_id), ()) if b < batch_id)
+
+
+def swallowed_loss_error(sink_id: str, lost: int, batch_id: int) -> DataLossError:
+    """A run hands ``batch_id`` after its write of ``lost`` failed and the function returned
+    normally: Spark recorded ``lost`` as committed without its rows."""
+    return DataLossError(
+        f"data loss: sink {sink_id!r}: this run's write of batch {lost} failed (it was "
+        "aborted, nothing of it is committed), but the foreachBatch function returned "
+        f"normally: it caught the writer's error, so Spark went on and recorded batch {lost} "
+        f"as committed in its checkpoint. The rows of batch {lost} were not written, and "
+        f"Spark will not run it again. Nothing of batch {batch_id} was written. Fix: let the "
+        "writer's error propagate out of the function (re-raise it after logging it, or "
+        "give foreachBatch writer.wrap(function), which raises it); then restore batch "
+        f"{lost}'s rows: replay its source offsets (offsets/{lost} of the checkpoint) into "
+        f"the table yourself, or accept that they are missing: sqlsink recover --sink-id "
+        f"{sink_id} --mark-skipped {lost} --checkpoint DIR; then restart the query",
+        sink_id=sink_id,
+        batch=batch_id,
+        lost=lost,
+    )
+
+
+def swallowed_error(sink_id: str, batch_id: int, error: BaseException | None) -> ConfigError:
+    """A wrapped function returned normally although its hand-over of ``batch_id``
+    ended undecided: Spark would record the batch committed without its rows."""
+    if error is None:
+        what = "was handed to the writer and never decided (a batch() not left)"
+    else:
+        text = str(error).splitlines()[0] if str(error) else ""
+        what = f"failed ({type(error).__name__}: {text[:300]})"
+    return ConfigError(
+        f"sink {sink_id!r}: the foreachBatch function returned normally although the "
+        f"writer's write of batch {batch_id} {what}: the error was caught in the function, "
+        f"and Spark would record batch {batch_id} as committed without its rows. Nothing of "
+        f"batch {batch_id} is committed; this error stops the query so that its restart "
+        f"writes batch {batch_id} again. Fix: re-raise the writer's error in the function "
+        "(after logging it) instead of returning",
+        sink_id=sink_id,
+        batch=batch_id,
+    )
 
 
 def fillable(gap: range, highest: int | None) -> range:

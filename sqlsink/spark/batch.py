@@ -9,6 +9,8 @@ decided empty, and a part of a batch already decided is a replay or refused
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -47,6 +49,7 @@ class Batch:
         # whether the batch runs inside the stream's foreachBatch (``_in_stream``), as the
         # hand-over found it
         self.in_stream = False
+        self.began = False  # the hand-over began (``WATCHES``: a wrapped call sees it)
 
     def __enter__(self) -> Batch:
         return self
@@ -169,8 +172,12 @@ class Batch:
         batches this run never handed to the writer (decided empty, with a warning)."""
         if self.identity is not None:
             return self.identity
-        from sqlsink.spark.foreach_batch import HANDED
+        from sqlsink.spark.foreach_batch import HANDED, WATCHES
         from sqlsink.spark.support import is_connect, require_foreach_batch
+
+        if not self.began:
+            self.began = True
+            WATCHES.handed(self.writer.sink_id, self.batch_id)
 
         if session is not None and is_connect(session):  # the function runs on Connect
             require_foreach_batch(connect=True)
@@ -181,15 +188,19 @@ class Batch:
         self.in_stream = in_stream = _in_stream(session, self.batch_id)
         self.handed_before = in_stream and HANDED.handed(sink_id, identity.run_id, self.batch_id)
         self.identity = identity
-        self.decision = self._check_writer()
+        # this run's earlier batches whose hand-over ended undecided (their error caught)
+        failed = HANDED.failed_before(sink_id, identity.run_id, self.batch_id) if in_stream else []
+        self.decision = self._check_writer(failed)
         # counted once its checks passed: a refused hand-over is not a first one
         gap = HANDED.hand(sink_id, identity.run_id, self.batch_id) if in_stream else range(0)
         if gap:
             self._fill_gap(gap, identity)
         return identity
 
-    def _check_writer(self) -> Decision | None:
+    def _check_writer(self, failed: Sequence[int] = ()) -> Decision | None:
         """Binding and forward-only checks before any job: a clear error, nothing written.
+        ``failed``: this run's earlier batches whose hand-over ended undecided: one still
+        undecided in the log is a batch Spark went on past (``swallowed_loss_error``).
         Returns the batch's decision, if it has one."""
         from sqlsink.core.admission import check_binding, check_forward
         from sqlsink.core.model import Binding
@@ -211,6 +222,13 @@ class Batch:
                 sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
             )
             check_forward(sink_id, self.batch_id, highest)
+            if failed:
+                from sqlsink.core.writer_batch import swallowed_loss_error
+
+                decided = backend.decisions(sink_id, [(sink_id, b) for b in failed])
+                lost = [b for b in failed if (sink_id, b) not in decided]
+                if lost:
+                    raise swallowed_loss_error(sink_id, lost[0], self.batch_id)
             if highest is None or self.batch_id > highest:
                 return None  # a stream's next batch: no decision, nothing to read
             return read_decision(backend, sink_id, self.batch_id)
@@ -280,6 +298,33 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        error = exc
+        try:
+            self._exit(exc)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self._ended(error)
+
+    def _ended(self, error: BaseException | None) -> None:
+        """The block ended, decided (``error`` None) or not: said to a wrapped call of the
+        batch (``WATCHES``) and, inside the stream, to the run's record (``HANDED``): a
+        later hand-over of this run refuses after a failed one the function caught."""
+        from sqlsink.spark.foreach_batch import HANDED, PROCESS_RUNS, WATCHES
+
+        sink_id, identity = self.writer.sink_id, self.identity
+        WATCHES.ended(sink_id, self.batch_id, self.began, error)
+        if identity is None or not self.in_stream:
+            return
+        if error is None:
+            HANDED.settle(sink_id, identity.run_id, self.batch_id)
+            return
+        HANDED.fail(sink_id, identity.run_id, self.batch_id)
+        if not identity.from_spark:  # the abort renewed the process's run: it goes on
+            HANDED.carry(sink_id, identity.run_id, PROCESS_RUNS.get(sink_id, identity.query_id))
+
+    def _exit(self, exc: BaseException | None) -> None:
         from sqlsink.spark import heartbeat
 
         heartbeat.end(self)  # the commit registers the run by itself
@@ -369,14 +414,31 @@ class Batch:
 
 def _in_stream(session: Any, batch_id: int) -> bool:
     """Whether this runs inside foreachBatch for ``batch_id``: Spark's batch property on
-    this driver thread says so. On Spark Connect it is not readable: taken as inside
-    (an operator's ``skip`` runs in a plain Python process, not through Connect)."""
+    this driver thread says so. On Spark Connect it is not readable: inside only in the
+    Connect server's foreachBatch worker (the process that runs the function); a Connect
+    client's session (an operator's notebook, its ``writer.skip``) is outside."""
     from sqlsink.spark.foreach_batch import spark_batch_id
     from sqlsink.spark.support import is_connect
 
     if session is not None and is_connect(session):
-        return True
+        return in_connect_worker()
     return spark_batch_id(session) == batch_id
+
+
+# the module Spark Connect's server runs (``python -m``) to call a foreachBatch function
+CONNECT_WORKER = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
+
+
+def in_connect_worker() -> bool:
+    """Whether this process is a Spark Connect server's foreachBatch worker (its main
+    module is PySpark's ``foreach_batch_worker``): the only Connect process inside a
+    stream; a Connect client (a notebook, an operator's script) is not."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) == CONNECT_WORKER:
+        return True
+    path = str(getattr(main, "__file__", None) or "")
+    return path.endswith(os.path.join("connect", "streaming", "worker", "foreach_batch_worker.py"))
 
 
 def _check_outside(

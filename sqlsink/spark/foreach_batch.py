@@ -124,6 +124,58 @@ class ProcessRuns:
 PROCESS_RUNS = ProcessRuns()
 
 
+class CallWatch:
+    """The blocks of one batch of one sink during one wrapped call: whether one ended
+    decided, the error of the last one if it ended undecided (a retry that decided after
+    a failure clears it; a failure after a decision does not), how many are still open.
+    Known whatever the run id (an abort renews the process's run id)."""
+
+    def __init__(self, sink_id: str, batch_id: int) -> None:
+        self.key = (sink_id, batch_id)
+        self.open = 0
+        self.decided = False
+        self.error: BaseException | None = None
+
+
+class CallWatches:
+    """The wrapped calls running in this process (``wrap``); every ``Batch`` block of
+    their (sink, batch) reports to them. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._watches: list[CallWatch] = []
+        self._lock = threading.Lock()
+
+    def watch(self, sink_id: str, batch_id: int) -> CallWatch:
+        watch = CallWatch(sink_id, batch_id)
+        with self._lock:
+            self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: CallWatch) -> None:
+        with self._lock:
+            self._watches.remove(watch)
+
+    def _of(self, sink_id: str, batch_id: int) -> list[CallWatch]:
+        return [w for w in self._watches if w.key == (sink_id, batch_id)]
+
+    def handed(self, sink_id: str, batch_id: int) -> None:
+        """A block of the batch handed it to the writer."""
+        with self._lock:
+            for watch in self._of(sink_id, batch_id):
+                watch.open += 1
+
+    def ended(self, sink_id: str, batch_id: int, handed: bool, error: BaseException | None) -> None:
+        """A block of the batch ended: decided (``error`` None) or not."""
+        with self._lock:
+            for watch in self._of(sink_id, batch_id):
+                watch.open -= 1 if handed and watch.open else 0
+                watch.decided = watch.decided or error is None
+                watch.error = error
+
+
+WATCHES = CallWatches()
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who writes a batch: the streaming query, its run, and where its checkpoint is."""
@@ -288,13 +340,30 @@ class ForeachBatchWriter:
         ``skip``). An exception propagates and decides nothing. The way to write a
         function that may return early (``if batch_df.isEmpty(): return``): a batch it
         does not hand over is decided before Spark records it as committed, so no stop
-        or restart after it ever finds it undecided."""
+        or restart after it ever finds it undecided. A function that returns normally
+        although its hand-over of ``batch_id`` failed (it caught the writer's error) is
+        refused with an error (``core/writer_batch.swallowed_error``), so that Spark does
+        not record the batch committed without its rows."""
 
         def wrapped(batch_df: Any, batch_id: int) -> None:
-            function(batch_df, batch_id)
-            self._skip_unhanded(batch_df.sparkSession, int(batch_id))
+            self._call_wrapped(function, batch_df, int(batch_id))
 
         return wrapped
+
+    def _call_wrapped(self, function: Callable[[Any, int], None], df: Any, batch_id: int) -> None:
+        """``wrap``'s call (a method: the process-wide ``WATCHES`` is not pickled with
+        the wrapped function, which Spark Connect ships to its server)."""
+        from sqlsink.core.writer_batch import swallowed_error
+
+        watch = WATCHES.watch(self.sink_id, batch_id)
+        try:
+            function(df, batch_id)
+        finally:
+            WATCHES.unwatch(watch)
+        if watch.error is not None or (watch.open and not watch.decided):
+            raise swallowed_error(self.sink_id, batch_id, watch.error) from watch.error
+        if not watch.decided:
+            self._skip_unhanded(df.sparkSession, batch_id)
 
     def _skip_unhanded(self, session: Any, batch_id: int) -> None:
         """After a wrapped function returned: skip the batch unless this run handed it to

@@ -99,3 +99,50 @@ def test_the_data_source_through_connect_writes_every_record_once(
     assert table_ids(pg_url, connect_table) == list(range(100))
     assert decided_batches(pg_url, report["query_id"]) == {0: True, 1: True, 2: True}
     assert [g for g, _ in prepared_transactions(pg_server.admin_url)] == []
+
+
+def test_a_failed_write_the_wrapped_function_swallowed_stops_the_query_through_connect(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    """``wrap(f)``, ``f`` catches the writer's error of batch 1 and returns: the abort gave
+    the process a new run id, under which nothing of batch 1 was handed, and wrap used to
+    decide batch 1 empty (its rows lost, no error). Now wrap raises, so Spark does not
+    record batch 1 committed, and the restart writes it."""
+    write_source(tmp_path / "src", [range(0, 5), range(5, 10), range(10, 15)])
+    (tmp_path / "flag").touch()
+    report = client(connect_url, "swallow", pg_url, connect_table, tmp_path)
+    sink_id = "cx-" + connect_table.replace("_", "-")
+    print(f"a swallowed failure through Connect: {report}")
+    assert report["error"] is not None
+    assert (
+        f"sink {sink_id!r}: the foreachBatch function returned normally although the "
+        "writer's write of batch 1 failed (RuntimeError: a transient failure inside batch 1)"
+    ) in report["error"]
+    assert table_ids(pg_url, connect_table) == list(range(5))
+    assert decided_batches(pg_url, sink_id) == {0: True}
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []
+    report = client(connect_url, "swallow", pg_url, connect_table, tmp_path)  # the restart
+    assert report["error"] is None
+    assert table_ids(pg_url, connect_table) == list(range(15))
+    assert decided_batches(pg_url, sink_id) == {0: True, 1: True, 2: True}
+
+
+def test_an_operators_skip_from_a_connect_session_is_checked_as_outside_the_stream(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    """A Connect client session is not the stream: only the Connect server's foreachBatch
+    worker is. The operator's skip(2) of a batch Spark never ran is refused (it used to
+    be accepted, and the restart then stopped on batch 2); a skip inside the stream (of
+    batch 1, by the function) still decides it empty."""
+    write_source(tmp_path / "src", [range(0, 5), range(5, 10)])
+    report = client(connect_url, "skip-outside", pg_url, connect_table, tmp_path)
+    sink_id = "cx-" + connect_table.replace("_", "-")
+    print(f"an operator's skip through Connect: {report}")
+    assert report["error"] is None
+    assert (
+        f"sink {sink_id!r}: writer.skip(2) outside the stream: Spark's checkpoint "
+        f"{tmp_path / 'chk'} does not record batch 2 as committed (no commits/2)"
+    ) in report["skip"]
+    assert table_ids(pg_url, connect_table) == list(range(5))
+    assert decided_batches(pg_url, sink_id) == {0: True, 1: True}
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []

@@ -483,4 +483,40 @@ def test_the_writer_on_an_inheritable_thread_inside_foreach_batch_writes(
     assert table_ids(pg_url, table) == list(range(6))
     rows = (3, 1, True, [f"public.{table}"])
     assert decisions(pg_url, writer.sink_id) == {0: rows, 1: rows}
+
+
+def test_a_failed_write_the_function_swallowed_stops_the_next_batch_of_the_run(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """A function (not wrapped) catches the writer's error of batch 0 and returns: Spark
+    records batch 0 committed. A fresh sink's first batch is not behind any decided one,
+    so the checkpoint check sees nothing: the run's next hand-over refuses, naming batch
+    0 (it used to write batch 1 and lose batch 0's rows silently)."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(0, 5), range(5, 10)])
+
+    def swallowing(df: Any, batch_id: int) -> None:
+        try:
+            with writer.batch(batch_id) as b:
+                b.append(df, table)
+                if batch_id == 0:
+                    raise RuntimeError("a transient failure inside batch 0")
+        except RuntimeError:
+            pass  # "keep the stream alive"
+
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, source, checkpoint, swallowing)
+    text = str(stopped.value)
+    print(f"the query stopped with: {text[text.find('sink ') :][:600]}")
+    assert (
+        f"data loss: sink {sink_id!r}: this run's write of batch 0 failed (it was aborted, "
+        "nothing of it is committed), but the foreachBatch function returned normally"
+    ) in text
+    assert "Nothing of batch 1 was written" in text
+    assert "--mark-skipped 0" in text
+    assert table_ids(pg_url, table) == []
+    assert decisions(pg_url, sink_id) == {}
     assert prepared_in_test_db(pg_server) == []

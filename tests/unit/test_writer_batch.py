@@ -234,3 +234,32 @@ def test_a_job_group_that_is_not_the_run_id_is_refused(
         f"sink 'shop': Spark's job group on this foreachBatch thread is {group!r}, "
     )
     assert "Nothing was written for batch 4. Fix: don't call setJobGroup" in str(error.value)
+
+
+def test_handed_batches_keep_a_runs_failed_batches_until_decided_and_carry_them() -> None:
+    handed = HandedBatches()
+    handed.hand("s", "r1", 0)
+    handed.fail("s", "r1", 0)
+    assert handed.failed_before("s", "r1", 0) == []  # a retry of the batch itself
+    assert handed.failed_before("s", "r1", 1) == [0]
+    assert handed.failed_before("s", "r2", 1) == []  # a new run (a restart): not its own
+    handed.carry("s", "r1", "r1b")  # the process renewed its run after the abort
+    assert handed.failed_before("s", "r1b", 1) == [0]
+    assert handed.handed("s", "r1b", 0)
+    handed.settle("s", "r1b", 0)  # the retry decided it
+    assert handed.failed_before("s", "r1b", 1) == []
+    assert handed.failed_before("s", "r1", 1) == [0]
+
+
+def test_the_swallowed_errors_name_the_batch_and_the_way_out() -> None:
+    from sqlsink.core.writer_batch import swallowed_error, swallowed_loss_error
+
+    lost = str(swallowed_loss_error("s", 0, 1))
+    assert lost.startswith("data loss: sink 's': this run's write of batch 0 failed")
+    assert "The rows of batch 0 were not written" in lost
+    assert "sqlsink recover --sink-id s --mark-skipped 0 --checkpoint DIR" in lost
+    text = str(swallowed_error("s", 1, RuntimeError("boom\nmore")))
+    assert text.startswith(
+        "sink 's': the foreachBatch function returned normally although the writer's "
+        "write of batch 1 failed (RuntimeError: boom): the error was caught in the function"
+    )
