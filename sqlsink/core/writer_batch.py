@@ -381,9 +381,9 @@ def swallowed_error(sink_id: str, batch_id: int, error: BaseException | None) ->
     return ConfigError(
         f"sink {sink_id!r}: the foreachBatch function returned normally although the "
         f"writer's write of batch {batch_id} {what}: the error was caught in the function, "
-        f"and Spark would record batch {batch_id} as committed without its rows. Nothing of "
-        f"batch {batch_id} is committed; this error stops the query so that its restart "
-        f"writes batch {batch_id} again. Fix: re-raise the writer's error in the function "
+        f"and Spark would record batch {batch_id} as committed although the writer did not "
+        f"decide it (its rows not written). This error stops the query so that its restart "
+        f"runs batch {batch_id} again. Fix: re-raise the writer's error in the function "
         "(after logging it) instead of returning",
         sink_id=sink_id,
         batch=batch_id,

@@ -50,6 +50,7 @@ class Batch:
         # hand-over found it
         self.in_stream = False
         self.began = False  # the hand-over began (``WATCHES``: a wrapped call sees it)
+        self.committed = False  # the batch's commit returned (its decision is made)
 
     def __enter__(self) -> Batch:
         return self
@@ -314,6 +315,8 @@ class Batch:
         from sqlsink.spark.foreach_batch import HANDED, PROCESS_RUNS, WATCHES
 
         sink_id, identity = self.writer.sink_id, self.identity
+        if self.committed:
+            error = None  # an error after the decision (a check after the commit)
         WATCHES.ended(sink_id, self.batch_id, self.began, error)
         if identity is None or not self.in_stream:
             return
@@ -360,6 +363,7 @@ class Batch:
                     query_id=identity.query_id,
                     run_id=identity.run_id,
                 )
+                self.committed = True  # decided: a later error loses nothing of it
                 writes = [o.prepared_at - o.started_at for o in self.outcomes if o and o.gid]
                 check_after_commit(
                     committer.backend.conn,

@@ -520,3 +520,41 @@ def test_a_failed_write_the_function_swallowed_stops_the_next_batch_of_the_run(
     assert table_ids(pg_url, table) == []
     assert decisions(pg_url, sink_id) == {}
     assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_wrapped_function_that_swallows_a_failed_write_stops_the_query(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """``wrap(f)``, ``f`` catches the writer's error of a fresh sink's first batch: the
+    wrapper used to return (the batch handed over), Spark recorded batch 0 committed and
+    its rows were lost silently. Now the wrapper raises, and the restart writes batch 0."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    source, checkpoint, flag = tmp_path / "src", tmp_path / "chk", tmp_path / "flag"
+    write_source(source, [range(0, 5), range(5, 10)])
+    flag.touch()
+
+    def swallowing(df: Any, batch_id: int) -> None:
+        try:
+            with writer.batch(batch_id) as b:
+                b.append(df, table)
+                if batch_id == 0 and flag.exists():
+                    flag.unlink()
+                    raise RuntimeError("a transient failure inside batch 0")
+        except RuntimeError:
+            pass  # "keep the stream alive"
+
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, source, checkpoint, writer.wrap(swallowing))
+    text = str(stopped.value)
+    print(f"the query stopped with: {text[text.find('sink ') :][:500]}")
+    assert (
+        f"sink {sink_id!r}: the foreachBatch function returned normally although the "
+        "writer's write of batch 0 failed (RuntimeError: a transient failure inside batch 0)"
+    ) in text
+    assert table_ids(pg_url, table) == []
+    assert prepared_in_test_db(pg_server) == []
+    run_foreach_batch(spark, source, checkpoint, writer.wrap(swallowing))  # the restart
+    assert table_ids(pg_url, table) == list(range(10))
+    assert prepared_in_test_db(pg_server) == []
