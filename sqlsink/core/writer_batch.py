@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.checkpoint_check import CheckpointCheck, Unreadable
@@ -333,13 +333,11 @@ class HandedBatches:
 
     def carry(self, sink_id: str, old: str, new: str) -> None:
         """The process replaced run ``old`` by ``new`` after an abort (``ProcessRuns``):
-        the new run goes on from the old one's batches, failed ones included."""
+        the new run inherits the old one's failed batches (not its last hand-over: the
+        new run may retry the aborted batch, a first hand-over for it)."""
         if old == new:
             return
         with self._lock:
-            last = self._last.get((sink_id, old))
-            if last is not None and (sink_id, new) not in self._last:
-                self._last[(sink_id, new)] = last
             failed = self._failed.get((sink_id, old))
             if failed:
                 self._failed.setdefault((sink_id, new), set()).update(failed)
@@ -350,23 +348,31 @@ class HandedBatches:
             return sorted(b for b in self._failed.get((sink_id, run_id), ()) if b < batch_id)
 
 
-def swallowed_loss_error(sink_id: str, lost: int, batch_id: int) -> DataLossError:
-    """A run hands ``batch_id`` after its write of ``lost`` failed and the function returned
-    normally: Spark recorded ``lost`` as committed without its rows."""
+def swallowed_loss_error(sink_id: str, lost: Sequence[int], batch_id: int) -> DataLossError:
+    """A run hands ``batch_id`` after its write of the ``lost`` batches failed and the
+    function returned normally: Spark recorded them as committed without their rows."""
+    first, rest = lost[0], [b for b in lost[1:]]
+    more = (
+        f" (so did this run's writes of batch{'es' if len(rest) > 1 else ''} "
+        f"{', '.join(map(str, rest))} after it: the function caught those errors too)"
+        if rest
+        else ""
+    )
     return DataLossError(
-        f"data loss: sink {sink_id!r}: this run's write of batch {lost} failed (it was "
+        f"data loss: sink {sink_id!r}: this run's write of batch {first} failed (it was "
         "aborted, nothing of it is committed), but the foreachBatch function returned "
-        f"normally: it caught the writer's error, so Spark went on and recorded batch {lost} "
-        f"as committed in its checkpoint. The rows of batch {lost} were not written, and "
-        f"Spark will not run it again. Nothing of batch {batch_id} was written. Fix: let the "
-        "writer's error propagate out of the function (re-raise it after logging it, or "
-        "give foreachBatch writer.wrap(function), which raises it); then restore batch "
-        f"{lost}'s rows: replay its source offsets (offsets/{lost} of the checkpoint) into "
-        f"the table yourself, or accept that they are missing: sqlsink recover --sink-id "
-        f"{sink_id} --mark-skipped {lost} --checkpoint DIR; then restart the query",
+        f"normally: it caught the writer's error, so Spark went on and recorded batch {first} "
+        f"as committed in its checkpoint{more}. The rows of batch {first} were not written, "
+        f"and Spark will not run it again. Nothing of batch {batch_id} was written. Fix: let "
+        "the writer's error propagate out of the function (re-raise it after logging it, or "
+        "give foreachBatch writer.wrap(function), which raises it); then restore the lost "
+        f"batches' rows: replay their source offsets (offsets/{first} of the checkpoint, and "
+        "so on) into the table yourself, or accept that they are missing: sqlsink recover "
+        f"--sink-id {sink_id} --mark-skipped {first} --checkpoint DIR (each lost batch, in "
+        "order); then restart the query",
         sink_id=sink_id,
         batch=batch_id,
-        lost=lost,
+        lost=list(lost),
     )
 
 

@@ -229,7 +229,7 @@ class Batch:
                 decided = backend.decisions(sink_id, [(sink_id, b) for b in failed])
                 lost = [b for b in failed if (sink_id, b) not in decided]
                 if lost:
-                    raise swallowed_loss_error(sink_id, lost[0], self.batch_id)
+                    raise swallowed_loss_error(sink_id, lost, self.batch_id)
             if highest is None or self.batch_id > highest:
                 return None  # a stream's next batch: no decision, nothing to read
             return read_decision(backend, sink_id, self.batch_id)

@@ -9,6 +9,8 @@ MODE ``foreach``: the foreachBatch writer with the query's checkpoint;
 second one's rows offset by 1000: a second hand-over of the batch in one run);
 ``swallow``: ``writer.wrap(f)`` where ``f`` catches the writer's error of batch 1 (raised
 inside its block, once: while the file ``SOURCE/../flag`` exists) and returns;
+``swallow-bare``: the same function, not wrapped, catching only RuntimeError (the
+writer's data-loss error of the next batch stops the query);
 ``skip-outside``: a function that skips batch 1 inside the stream (``writer.skip``), then,
 the query stopped, an operator's ``writer.skip(2)`` from this Connect session of a batch
 Spark never ran (the report's ``skip``: its error, or "accepted");
@@ -55,11 +57,12 @@ def main() -> int:
             two.to(table)(df.selectExpr("id + 1000 AS id", "payload", "ts", "amount"), batch_id)
 
         writer = events.repartition(2).writeStream.foreachBatch(both)
-    elif mode in ("swallow", "skip-outside"):
+    elif mode in ("swallow", "swallow-bare", "skip-outside"):
         fb = sqlsink.ForeachBatchWriter(
             url=pg_url, sink_id=sink_id, createTable="true", checkpoint_location=checkpoint
         )
         flag = os.path.join(os.path.dirname(source), "flag")
+        caught: type[Exception] = Exception if mode == "swallow" else RuntimeError
 
         def swallowing(df: Any, batch_id: int) -> None:
             try:
@@ -68,7 +71,7 @@ def main() -> int:
                     if batch_id == 1 and os.path.exists(flag):
                         os.remove(flag)
                         raise RuntimeError("a transient failure inside batch 1")
-            except Exception as exc:  # "keep the stream alive"
+            except caught as exc:  # "keep the stream alive"
                 print(f"swallowed: {exc}", flush=True)
 
         def skipping(df: Any, batch_id: int) -> None:
@@ -77,7 +80,7 @@ def main() -> int:
             else:
                 fb.to(table)(df, batch_id)
 
-        function = fb.wrap(swallowing) if mode == "swallow" else skipping
+        function = {"swallow": fb.wrap(swallowing), "swallow-bare": swallowing}.get(mode, skipping)
         writer = events.repartition(2).writeStream.foreachBatch(function)
     else:
         kwargs = {"checkpoint_location": checkpoint} if mode == "foreach" else {}

@@ -146,3 +146,25 @@ def test_an_operators_skip_from_a_connect_session_is_checked_as_outside_the_stre
     assert table_ids(pg_url, connect_table) == list(range(5))
     assert decided_batches(pg_url, sink_id) == {0: True, 1: True}
     assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []
+
+
+def test_a_failed_write_an_unwrapped_function_swallowed_stops_the_next_batch_through_connect(
+    connect_url: str, pg_url: str, pg_server: PgServer, connect_table: str, tmp_path: Path
+) -> None:
+    """Unwrapped, ``f`` catches the writer's error of batch 1: the abort renewed the
+    process's run id, and the new run carries the failed batch, so its hand-over of
+    batch 2 refuses with the data-loss error naming batch 1 before writing anything."""
+    write_source(tmp_path / "src", [range(0, 5), range(5, 10), range(10, 15)])
+    (tmp_path / "flag").touch()
+    report = client(connect_url, "swallow-bare", pg_url, connect_table, tmp_path)
+    sink_id = "cx-" + connect_table.replace("_", "-")
+    print(f"a swallowed failure, unwrapped, through Connect: {str(report)[:1500]}")
+    assert report["error"] is not None
+    assert (
+        f"data loss: sink {sink_id!r}: this run's write of batch 1 failed (it was aborted, "
+        "nothing of it is committed), but the foreachBatch function returned normally"
+    ) in report["error"]
+    assert "Nothing of batch 2 was written" in report["error"]
+    assert table_ids(pg_url, connect_table) == list(range(5))
+    assert decided_batches(pg_url, sink_id) == {0: True}
+    assert [g for g, _ in prepared_transactions(pg_server.admin_url) if sink_id in g] == []

@@ -245,7 +245,7 @@ def test_handed_batches_keep_a_runs_failed_batches_until_decided_and_carry_them(
     assert handed.failed_before("s", "r2", 1) == []  # a new run (a restart): not its own
     handed.carry("s", "r1", "r1b")  # the process renewed its run after the abort
     assert handed.failed_before("s", "r1b", 1) == [0]
-    assert handed.handed("s", "r1b", 0)
+    assert not handed.handed("s", "r1b", 0)  # a retry of batch 0 is its first hand-over
     handed.settle("s", "r1b", 0)  # the retry decided it
     assert handed.failed_before("s", "r1b", 1) == []
     assert handed.failed_before("s", "r1", 1) == [0]
@@ -254,10 +254,12 @@ def test_handed_batches_keep_a_runs_failed_batches_until_decided_and_carry_them(
 def test_the_swallowed_errors_name_the_batch_and_the_way_out() -> None:
     from sqlsink.core.writer_batch import swallowed_error, swallowed_loss_error
 
-    lost = str(swallowed_loss_error("s", 0, 1))
+    lost = str(swallowed_loss_error("s", [0], 1))
     assert lost.startswith("data loss: sink 's': this run's write of batch 0 failed")
     assert "The rows of batch 0 were not written" in lost
     assert "sqlsink recover --sink-id s --mark-skipped 0 --checkpoint DIR" in lost
+    more = str(swallowed_loss_error("s", [0, 1, 2], 3))
+    assert "(so did this run's writes of batches 1, 2 after it" in more
     text = str(swallowed_error("s", 1, RuntimeError("boom\nmore")))
     assert text.startswith(
         "sink 's': the foreachBatch function returned normally although the writer's "
