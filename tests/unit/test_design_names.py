@@ -15,8 +15,9 @@ Skipped (not a reference to this project's code):
   * all-capitals without an underscore: SQL keywords (``DELETE``);
   * a single lowercase word without an underscore and without ``()``: ordinary prose
     words and enum values (``recover``, ``live``);
-  * a dotted name whose first part is an importable module other than ``sqlsink``
-    (``os.register_at_fork``, ``pyarrow.fs``): third-party or standard library;
+  * a dotted name whose first part is no module, class or instance name of the package
+    but an importable module (``os.register_at_fork``, ``pyarrow.fs``): third-party or
+    standard library;
   * a call with a string literal argument (``format("sqlsink")``): usage of an API;
   * a file name whose suffix is not ``.py``/``.sql``/``.sh``/``.md`` (``twophase.c``),
     and a path in a Spark checkpoint (first part ``commits``/``offsets``);
@@ -288,8 +289,14 @@ def _check(index: _Index, token: str) -> str | None:
         return None
     if "." in name:
         first = name.split(".")[0]
-        if first != "sqlsink" and first not in _INSTANCES and importlib.util.find_spec(first):
-            return None
+        ours = (
+            first in ("sqlsink", "tests")
+            or first in _INSTANCES
+            or first in index.classes
+            or _modules_named(index, first)
+        )
+        if not ours and importlib.util.find_spec(first):
+            return None  # a module of another package: pyarrow.fs
         return None if _dotted(index, name) else "not found in the package"
     if name.isupper() and "_" not in name:
         return None
