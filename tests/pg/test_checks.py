@@ -206,6 +206,7 @@ def test_lock_timeout_per_role(pg_server: PgServer, role: str, db: str) -> None:
     _admin(pg_server, sql.SQL("ALTER ROLE {} SET lock_timeout = '30s'").format(ident))
     fine = _check(pg_server, user=role, dbname=db)["lock_timeout"]
     assert (fine.level, fine.value) == (OK, "30s") and "option lockTimeout" in fine.message
+    assert "createTable" in short.message and "pg_advisory_lock" not in short.message
 
 
 def test_connection_options(pg_server: PgServer, db: str) -> None:
@@ -338,3 +339,79 @@ def test_the_recheck_after_a_commit_reads_the_server_only_when_a_measure_grew(
         again = check_at_start(conn, key=key)
         assert {f.setting: f.level for f in again}["statement_timeout"] == WARNING
         assert said() == [warning]
+
+
+def test_a_short_role_lock_timeout_does_not_bound_a_wait_for_the_sink_lock(
+    pg_server: PgServer, role: str, db: str
+) -> None:
+    """Every sink session sets its own lock_timeout (``PostgresBackend``), and a wait
+    for the sink lock its own bound (``locks.wait_sink_lock``): a role's 1 s does not
+    end a wait for the sink lock held 2 s by another session."""
+    import threading
+    import time
+
+    from sqlsink.postgres import locks
+    from sqlsink.postgres.backend import PostgresBackend
+
+    ident = sql.Identifier(role)
+    _admin(pg_server, sql.SQL("ALTER ROLE {} SET lock_timeout = '1s'").format(ident))
+    sink = f"lt-{uuid.uuid4().hex[:8]}"
+    with (
+        _connect(pg_server, dbname=db) as holder,
+        _connect(pg_server, user=role, dbname=db) as conn,
+    ):
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("1s",)
+        assert locks.try_sink_lock(holder, sink)
+        release = threading.Timer(2.0, lambda: locks.unlock_sink(holder, sink))
+        backend = PostgresBackend(conn, 60.0)  # option lockTimeout's default
+        started = time.monotonic()
+        release.start()
+        try:
+            with backend.sink_lock(sink):
+                waited = time.monotonic() - started
+                held = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND pid = pg_backend_pid() AND granted"
+                ).fetchone()
+        finally:
+            release.join()
+    assert 1.8 < waited < 10 and held == (1,)
+    # and the old warning's claim is gone: the role's 1 s is no longer said to end it
+    found = _check(pg_server, user=role, dbname=db)["lock_timeout"]
+    assert "pg_advisory_lock" not in found.message
+
+
+def test_a_short_database_lock_timeout_bounds_the_planners_create_table(
+    pg_server: PgServer, db: str
+) -> None:
+    """The planner's session (``plan_write``: createTable) sets no lock_timeout of its
+    own: the server's value (here the database's 1 s) ends its CREATE TABLE's wait for
+    another session creating the same table."""
+    import time
+
+    import sqlalchemy as sa
+
+    from sqlsink.postgres import appnames
+    from sqlsink.postgres.sessions import session
+    from sqlsink.postgres.target import create_table
+    from sqlsink.tablename import TableName
+
+    ident = sql.Identifier(db)
+    _admin(pg_server, sql.SQL("ALTER DATABASE {} SET lock_timeout = '1s'").format(ident))
+    name = f"lt_{uuid.uuid4().hex[:8]}"
+    url = psycopg.conninfo.make_conninfo(pg_server.admin_url, dbname=db)
+    with _connect(pg_server, dbname=db) as other:
+        other.execute("BEGIN")
+        other.execute(sql.SQL("CREATE TABLE public.{} (id int)").format(sql.Identifier(name)))
+        started = time.monotonic()
+        with (
+            pytest.raises(psycopg.errors.LockNotAvailable, match="lock timeout"),
+            session(url, None, application_name=appnames.PLANNER) as conn,
+        ):
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("1s",)
+            create_table(conn, TableName("public", name), [sa.Column("id", sa.Integer)])
+        waited = time.monotonic() - started
+        other.execute("ROLLBACK")
+    assert 0.9 < waited < 5
+    found = _check(pg_server, dbname=db)["lock_timeout"]
+    assert found.level == WARNING and "createTable" in found.message

@@ -247,16 +247,33 @@ def test_transaction_timeout_only_from_postgresql_17() -> None:
 @pytest.mark.parametrize(
     ("seconds", "level"), [(0, OK), (1, WARNING), (9.999, WARNING), (10, OK), (120, OK)]
 )
-def test_lock_timeout_is_overridden_inside_the_sinks_transactions(
+def test_lock_timeout_is_replaced_on_the_sinks_sessions_and_bounds_only_create_table(
     seconds: float, level: str
 ) -> None:
     found = judge(server(timeout("lock_timeout", seconds, source="user")))["lock_timeout"]
     assert found.level == level
-    assert "option lockTimeout" in found.message
+    assert (
+        "the sink's tasks and commit set their own lock_timeout on every session (option "
+        "lockTimeout, default 60s), and every wait for the sink's lock sets its own bound, "
+        "so this value is replaced there" in found.message
+    )
+    assert "it still applies to the planner's session" in found.message
+    assert "pg_advisory_lock" not in found.message and "committer" not in found.message
+    if seconds == 0:
+        assert "that CREATE TABLE waits as long as it takes" in found.message
     if level == WARNING:
-        assert "pg_advisory_lock" in found.message
+        assert found.message.startswith(
+            f"lock_timeout = {found.value}, from role app, is shorter than 10s: "
+        )
+        assert (
+            "that CREATE TABLE waits at most this long for locks on the target's schema or "
+            "for another session creating the same table; a wait that gives up fails the "
+            "query at its start (nothing written)" in found.message
+        )
         assert found.fix == "ALTER ROLE app SET lock_timeout = '1min'"
         assert found.source == "role app"
+    else:
+        assert found.fix is None
 
 
 def test_idle_session_timeout_against_the_trigger_interval() -> None:

@@ -38,11 +38,18 @@ The rules (DESIGN.md section 5)
     PostgreSQL 16: idle_in_transaction_session_timeout does not fire while a COPY
     streams, only between statements, so for it the rule is on the safe side.)
 ``lock_timeout``
-    Overridden inside the sink's partition transactions (``partition.py`` sets
-    ``lock_timeout`` from the option lockTimeout right after BEGIN): "ok". It
-    does apply, though, to the waits for the sink's advisory lock outside those
-    transactions (the committer; a partition resolving leftovers); below
-    ``LOCK_WAIT_FLOOR_S`` that is a warning.
+    Replaced on every session of the sink's tasks and commit (``PostgresBackend`` sets
+    ``lock_timeout`` from the option lockTimeout when it opens on a session, also a kept
+    one after its ``DISCARD ALL``) and in every wait for the sink's advisory lock
+    (``locks.wait_sink_lock`` sets its own bound, also in the CLI). It applies only to
+    the planner's session (``plan_write``, before any data): its CREATE TABLE (option
+    createTable) waits at most this long for locks on the target's schema or for
+    another session creating the same table (the migrations of the commit log set
+    their own, ``MIGRATION_LOCK_TIMEOUT_S``; its other statements read the catalog),
+    and to the commit-log statements of a one-off load's cleanup and of the CLI
+    other than ``recover``, which can wait only behind a migration's lock.
+    "ok" when off or at least ``LOCK_WAIT_FLOOR_S``; below it a warning naming that
+    wait.
 ``idle_session_timeout``
     Closes a connection idle longer than it: shorter than the trigger interval
     (below ``FLOOR_S`` when the interval is unknown) is a warning, for a

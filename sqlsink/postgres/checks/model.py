@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 ERROR, WARNING, OK = "error", "warning", "ok"
 
 FLOOR_S = 600.0  # required time when neither the trigger interval nor the slowest write is known
-LOCK_WAIT_FLOOR_S = 10.0  # below this, a server lock_timeout may end a wait for the sink's lock
+LOCK_WAIT_FLOOR_S = 10.0  # below this, a server lock_timeout may end createTable's wait (planner)
 DEFAULT_SAFETY_FACTOR = 3.0
 MIN_PREPARED_SLOTS = 64
 SINK_LOCK_TIMEOUT_DEFAULT = "60s"  # option lockTimeout's default (sqlsink.options)

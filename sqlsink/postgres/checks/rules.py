@@ -285,15 +285,27 @@ def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Requir
 
 
 def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
+    """Replaced on every session of the sink's tasks and commit (``PostgresBackend`` sets
+    the option lockTimeout when it opens) and in every wait for the sink lock
+    (``locks.wait_sink_lock`` sets its own bound); it still applies to the planner's
+    session (``plan_write``, before any data), whose one wait on another session is
+    createTable's CREATE TABLE: for locks on the target's schema, or for another session
+    creating the same table."""
     source = describe_source(s, settings)
-    overridden = (
-        "the sink's partition transactions set their own lock_timeout right after BEGIN "
-        f"(option lockTimeout, default {SINK_LOCK_TIMEOUT_DEFAULT}), which replaces this value "
-        "there"
+    replaced = (
+        "the sink's tasks and commit set their own lock_timeout on every session (option "
+        f"lockTimeout, default {SINK_LOCK_TIMEOUT_DEFAULT}), and every wait for the sink's "
+        "lock sets its own bound, so this value is replaced there"
+    )
+    planner = (
+        "it still applies to the planner's session, which checks the target before any data "
+        "and, with the option createTable, creates it: that CREATE TABLE waits at most this "
+        "long for locks on the target's schema or for another session creating the same table"
     )
     seconds = s.seconds()
     if seconds == 0:
-        return Finding(OK, s.name, s.value, source, f"off; {overridden}")
+        off = planner.replace("waits at most this long", "waits as long as it takes")
+        return Finding(OK, s.name, s.value, source, f"off; {replaced}; {off}")
     floor = format_seconds(LOCK_WAIT_FLOOR_S)
     if seconds >= LOCK_WAIT_FLOOR_S:
         return Finding(
@@ -301,9 +313,7 @@ def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
             s.name,
             s.value,
             source,
-            f"{overridden}; outside them it bounds the short waits for the sink's lock "
-            f"(committer, resolution of leftovers), and {s.value} is at least the {floor} "
-            "those may take",
+            f"{replaced}; {planner}, and {s.value} is at least the {floor} such a wait may take",
         )
     value = recommended(LOCK_WAIT_FLOOR_S)
     return Finding(
@@ -311,12 +321,10 @@ def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
         s.name,
         s.value,
         source,
-        f"{s.name} = {s.value}, from {source}, is shorter than {floor}: {overridden}, but it "
-        "applies to the waits for the sink's lock (pg_advisory_lock) outside them: the "
-        "committer's, and a partition's that resolves leftovers, which wait while another "
-        "session commits or "
-        "resolves (after a crash, or during sqlsink recover); a wait that gives up fails the "
-        f"commit or the task{_alternative(s, value, settings)}",
+        f"{s.name} = {s.value}, from {source}, is shorter than {floor}: {replaced}, but {planner}; "
+        "a wait that gives up fails the query at its start (nothing written): two queries "
+        "with createTable on one new table started together, or a transaction holding DDL on "
+        f"the target's schema{_alternative(s, value, settings)}",
         fix_statement(s, value, settings),
     )
 
