@@ -230,6 +230,32 @@ def test_a_hold_taken_twice_keeps_the_record_until_its_last_unlock(
             assert locks.try_sink_lock(other, sink)  # type: ignore[arg-type]
 
 
+def logged_statements(
+    conn: psycopg.Connection[tuple[object, ...]],
+    log_file: Path,
+    pid: int,
+    act: Callable[[], object],
+) -> tuple[str, list[str]]:
+    """What the server logged while ``act`` ran on ``conn`` (session ``pid``), and the
+    statements among it (``log_statement = all`` around it, not counted)."""
+    conn.execute("SET log_statement = 'all'")
+    start = log_file.stat().st_size
+    result = act()
+    conn.execute("SET log_statement = 'none'")
+    assert result is not False, "the action failed"
+    with log_file.open("rb") as log:
+        log.seek(start)
+        logged = log.read().decode(errors="replace")
+    statements = [
+        line
+        for line in logged.splitlines()
+        if f"[{pid}]" in line
+        and ("statement: " in line or "execute " in line)
+        and "log_statement" not in line
+    ]
+    return logged, statements
+
+
 def test_the_unlock_is_one_statement(pg_server: PgServer, keyed: str, sink: str) -> None:
     """The driver's commit lets the sink lock go every batch: one statement, one round
     trip, whether or not a record is cleared (the server's log of the session's
@@ -246,20 +272,12 @@ def test_the_unlock_is_one_statement(pg_server: PgServer, keyed: str, sink: str)
             if register:
                 backend.register_run(sink, "run-1", 300, holds_lock=True)
                 assert recorded_holders(pg_server.url, sink) == [("run-1", False, pid)]
-            conn.execute("SET log_statement = 'all'")
-            start = log_file.stat().st_size
-            locks.unlock_sink(conn, sink)  # type: ignore[arg-type]
-            conn.execute("SET log_statement = 'none'")
-            with log_file.open("rb") as log:
-                log.seek(start)
-                logged = log.read().decode(errors="replace")
-            statements = [
-                line
-                for line in logged.splitlines()
-                if f"[{pid}]" in line
-                and ("statement: " in line or "execute " in line)
-                and "log_statement" not in line
-            ]
+            logged, statements = logged_statements(
+                conn,
+                log_file,
+                pid,
+                lambda: locks.unlock_sink(conn, sink),  # type: ignore[arg-type]
+            )
             assert len(statements) == 1, "\n".join(statements)
             assert "pg_advisory_unlock" in logged
             assert not held_here(conn, sink)
@@ -340,20 +358,12 @@ def test_the_take_is_one_statement(pg_server: PgServer, keyed: str, sink: str) -
                 assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
                 backend.register_run(sink, "run-1", 300, holds_lock=True)
                 reset_like_pgbouncer(conn)
-            conn.execute("SET log_statement = 'all'")
-            start = log_file.stat().st_size
-            assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
-            conn.execute("SET log_statement = 'none'")
-            with log_file.open("rb") as log:
-                log.seek(start)
-                logged = log.read().decode(errors="replace")
-            statements = [
-                line
-                for line in logged.splitlines()
-                if f"[{pid}]" in line
-                and ("statement: " in line or "execute " in line)
-                and "log_statement" not in line
-            ]
+            logged, statements = logged_statements(
+                conn,
+                log_file,
+                pid,
+                lambda: locks.try_sink_lock(conn, sink),  # type: ignore[arg-type]
+            )
             assert len(statements) == 1, "\n".join(statements)
             assert "pg_try_advisory_lock" in logged
             assert held_here(conn, sink)
