@@ -158,7 +158,8 @@ class ActionJson(TypedDict):
     prepared_at: datetime
     age_seconds: float
     action: ActionName
-    reason: str
+    reason: str  # for people; may be reworded
+    why: str  # what to branch on: a value of sqlsink.core.resolution.Why (e.g. "live_run")
     done: bool  # committed or rolled back by this run
     result: ActionResult | None  # null for leave, and for what was not done
 
@@ -298,7 +299,8 @@ class OtherPreparedJson(TypedDict):
     owner: str
     prepared_at: datetime
     age_seconds: float
-    reason: str  # e.g. "not a sqlsink transaction", "belongs to sink b"
+    reason: str  # for people, e.g. "not a sqlsink transaction", "belongs to sink b"
+    why: str  # what to branch on: "foreign", "other_sink" or "other_database" (resolution.Why)
 
 
 class StatusDocument(Envelope):

@@ -57,7 +57,7 @@ from sqlsink.cli.recover_report import (
 )
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
-from sqlsink.core.resolution import Action, Scope
+from sqlsink.core.resolution import Action, Scope, Why
 from sqlsink.errors import ConfigError, DataLossError
 from sqlsink.postgres import locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
@@ -325,7 +325,7 @@ class Recovery:
             {
                 a.prepared.owner
                 for a in sink.plan.actions
-                if a.action is Action.LEAVE and a.reason.startswith("prepared by role")
+                if a.action is Action.LEAVE and a.why is Why.OTHER_ROLE
             }
         )
         if owners:

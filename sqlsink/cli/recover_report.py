@@ -32,7 +32,15 @@ from sqlsink.cli.output import (
 from sqlsink.cli.recover_lost import LostBatch, lost_notice
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
-from sqlsink.core.resolution import Action, Plan, PlannedAction, Scope, plan_resolution
+from sqlsink.core.resolution import (
+    Action,
+    Plan,
+    PlannedAction,
+    Scope,
+    Why,
+    plan_resolution,
+    sentence,
+)
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.run_registry import RunInfo
 from sqlsink.postgres.survey import prepared as pg_prepared
@@ -72,7 +80,7 @@ class SinkRecovery:
         if self.plan is None or self.scope is None:
             return kept
         for a in self.plan.actions:
-            if a.gid is not None and a.reason == self.scope.unsure_decision(a.gid):
+            if a.why is Why.UNSURE and a.gid is not None:
                 kept.setdefault(a.gid.batch_id, []).append(a.prepared.gid)
         return {b: sorted(g) for b, g in sorted(kept.items())}
 
@@ -125,7 +133,7 @@ class SinkRecovery:
 
 
 def _elsewhere(action: PlannedAction) -> bool:
-    return action.reason.startswith("in database ")
+    return action.why is Why.OTHER_DATABASE
 
 
 # -- the actions --------------------------------------------------------------------------
@@ -150,8 +158,9 @@ def all_actions(
     others = plan_resolution(rest, {}, database=database, sink_id=sink_id, scope=Scope.everything())
     for action in others.actions:
         if action.action is not Action.LEAVE:  # a sink's gid that appeared after the listing
-            reason = "prepared after this run listed the sinks: run recover again"
-            action = PlannedAction(action.prepared, action.gid, Action.LEAVE, reason)
+            why, txn = Why.LATE, action.prepared
+            reason = sentence(why, txn, action.gid, Scope.everything())
+            action = PlannedAction(txn, action.gid, Action.LEAVE, why, reason)
         seen[action.prepared.gid] = action
     rows = [action_json(a, finished.get(a.prepared.gid), now) for a in seen.values()]
     rows.sort(
@@ -178,6 +187,7 @@ def action_json(action: PlannedAction, result: ActionResult | None, now: datetim
         "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
         "action": action.action.value,
         "reason": action.reason,
+        "why": action.why.value,
         "done": acts and result in ("committed", "rolled back"),
         "result": result if acts else None,
     }

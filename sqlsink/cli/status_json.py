@@ -10,11 +10,12 @@ from sqlsink.cli.contract import ConsistentViewJson, OtherPreparedJson, RecentBa
 from sqlsink.cli.output import CliError, Notice, format_age
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
+from sqlsink.core.resolution import Scope, Why, sentence, whose
 from sqlsink.postgres import views as pg_views
 from sqlsink.postgres.survey import decisions as pg_decisions
 
 Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
-Others = list[tuple[PreparedTransaction, str]]  # with the reason it is not ours
+Others = list[tuple[PreparedTransaction, Why]]  # with the reason it is not ours
 
 
 def view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
@@ -40,17 +41,14 @@ def recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
 def sort_prepared(
     prepared: list[PreparedTransaction], database: str, sink_id: str | None
 ) -> tuple[Ours, Others]:
-    """Ours: sqlsink gids of this database (of --sink-id, if given); the others, why not."""
+    """Ours: sqlsink gids of this database (of --sink-id, if given); the others, why not
+    (the resolution rule's ``whose``, as recover sorts them)."""
     ours: Ours = {}
     others: Others = []
     for txn in prepared:
         gid = Gid.parse(txn.gid)
-        if gid is None:
-            others.append((txn, "not a sqlsink transaction"))
-        elif txn.database != database:
-            others.append((txn, f"sink {gid.sink_id}, in database {txn.database}"))
-        elif sink_id is not None and gid.sink_id != sink_id:
-            others.append((txn, f"belongs to sink {gid.sink_id}"))
+        if (why := whose(txn, database, sink_id)) is not None or gid is None:
+            others.append((txn, why or Why.FOREIGN))
         else:
             ours.setdefault(gid.sink_id, []).append((txn, gid))
     return ours, others
@@ -84,9 +82,10 @@ def others_json(others: Others, now: datetime) -> list[OtherPreparedJson]:
             "owner": txn.owner,
             "prepared_at": txn.prepared_at,
             "age_seconds": round((now - txn.prepared_at).total_seconds(), 3),
-            "reason": reason,
+            "reason": sentence(why, txn, Gid.parse(txn.gid), Scope.everything()),
+            "why": why.value,
         }
-        for txn, reason in others
+        for txn, why in others
     ]
 
 

@@ -56,6 +56,26 @@ class Action(enum.Enum):
     LEAVE = "leave"
 
 
+class Why(enum.Enum):
+    """Why a prepared transaction gets its action: data of the plan, which callers branch
+    on (never on a sentence); ``sentence`` says it in words, in this one place. The values
+    are the ``why`` of ``recover --json``'s actions and ``status --json``'s others."""
+
+    FOREIGN = "foreign"  # not a sqlsink gid
+    OTHER_SINK = "other_sink"  # another sink's, when one sink is resolved
+    OTHER_DATABASE = "other_database"  # prepared in another database of the server
+    OTHER_ROLE = "other_role"  # prepared by a role we are not, and we are no superuser
+    DECIDED = "decided"  # its batch's decision names it: commit
+    NOT_DECIDED = "not_decided"  # its batch is decided without it: roll back
+    LOST_DECISION = "lost_decision"  # Spark committed its batch; the decision was lost
+    LIVE_RUN = "live_run"  # of a live run: in flight
+    UNSURE = "unsure"  # no checkpoint read: may hold the only copy of a committed batch
+    OTHER_RUN = "other_run"  # an abort acts on its own run only
+    IN_FLIGHT = "in_flight"  # the live run's own batch or a later one
+    UNDECIDED = "undecided"  # nobody can decide it any more: roll back
+    LATE = "prepared_after_listing"  # a sink's, prepared after recover listed the sinks
+
+
 @dataclass(frozen=True)
 class Scope:
     run_id: str | None = None  # None: no live run of ours (recovery)
@@ -94,68 +114,45 @@ class Scope:
         """This scope, told the sink's highest decided batch (None: none decided)."""
         return replace(self, knows_highest=True, highest_decided=highest_decided)
 
-    def lost_decision(self, gid: Gid) -> str | None:
-        """Why this undecided gid is of a batch whose decision was lost; None if it is not."""
+    def lost_decision(self, gid: Gid) -> bool:
+        """This undecided gid is of a batch whose decision was lost: Spark committed it
+        (``lost``), or a live run or an abort is past it and above the highest decided
+        batch (``knowing``)."""
         batch = gid.batch_id
-        command = f"sqlsink recover --sink-id {gid.sink_id} --commit-lost {batch} commits them"
         if batch in self.lost:
-            return (
-                f"batch {batch} has no decision, but Spark committed it: its decision was "
-                "lost (a failover or a restore) and its transactions hold its rows; left "
-                f"prepared: {command}"
-            )
+            return True
         highest = self.highest_decided
-        if (
+        # a sink with no decision is new to the checkpoint check too: leftovers below
+        # the running batch may be another writer's (found by tests/sim), not lost ones
+        return (
             self.knows_highest
             and self.batch_id is not None
             and batch < self.batch_id
             and highest is not None
             and batch > highest
-        ):
-            # a sink with no decision is new to the checkpoint check too: leftovers below
-            # the running batch may be another writer's (found by tests/sim), not lost ones
-            above = f"{highest} is the highest decided"
-            return (
-                f"batch {batch} has no decision, but Spark runs batch {self.batch_id} ({above}), "
-                "which it does only after committing the batches before it: its decision was "
-                f"lost (a failover or a restore) and its transactions hold its rows; left "
-                f"prepared: {command}"
-            )
-        return None
-
-    def unsure_decision(self, gid: Gid) -> str | None:
-        """Why this undecided gid may hold the only copy of a batch Spark committed (no
-        checkpoint read, a streaming sink, above the highest decided batch); None if not."""
-        if gid.batch_id not in self.unsure:
-            return None
-        highest = "none" if self.highest_decided is None else self.highest_decided
-        return (
-            f"batch {gid.batch_id} has no decision and is above the highest decided batch "
-            f"({highest}) of a streaming sink, and no checkpoint of its query was read: Spark "
-            "may have committed it (a failover that lost its decision), so these transactions "
-            "may hold its only copy"
         )
 
-    def keeps(self, gid: Gid) -> str | None:
+    def unsure_decision(self, gid: Gid) -> bool:
+        """This undecided gid may hold the only copy of a batch Spark committed (no
+        checkpoint read, a streaming sink, above the highest decided batch)."""
+        return gid.batch_id in self.unsure
+
+    def keeps(self, gid: Gid) -> Why | None:
         """Why an undecided gid is left alone; None when nobody can decide it any more."""
-        if (lost := self.lost_decision(gid)) is not None:
-            return lost
+        if self.lost_decision(gid):
+            return Why.LOST_DECISION
         if gid.run_id in self.live_runs:
-            return f"run {gid.run_id} is live"
-        if (unsure := self.unsure_decision(gid)) is not None:
-            return unsure
+            return Why.LIVE_RUN
+        if self.unsure_decision(gid):
+            return Why.UNSURE
         if self.run_id is None or self.batch_id is None:
             return None
         if gid.run_id != self.run_id:
-            return (
-                f"of run {gid.run_id}: an abort acts on its own run only"
-                if (self.own_run_only)
-                else None
-            )
+            return Why.OTHER_RUN if self.own_run_only else None
         if gid.batch_id > self.batch_id or (
             gid.batch_id == self.batch_id and not self.include_batch
         ):
-            return "in flight in the live run"
+            return Why.IN_FLIGHT
         return None
 
     def in_flight(self, gid: Gid) -> bool:
@@ -167,7 +164,8 @@ class PlannedAction:
     prepared: PreparedTransaction
     gid: Gid | None
     action: Action
-    reason: str
+    why: Why
+    reason: str  # ``sentence(why, ...)``: for people, never to branch on
 
 
 @dataclass
@@ -203,11 +201,11 @@ def plan_resolution(
     still_prepared: set[str] = set()
     for txn in prepared:
         gid = Gid.parse(txn.gid)
-        action, reason = _decide(txn, gid, decisions, database, sink_id, scope, role)
-        plan.actions.append(PlannedAction(txn, gid, action, reason))
+        action, why = _decide(txn, gid, decisions, database, sink_id, scope, role)
+        plan.actions.append(PlannedAction(txn, gid, action, why, sentence(why, txn, gid, scope)))
         if action is not Action.LEAVE:
             still_prepared.add(txn.gid)
-        elif gid is not None and reason == scope.lost_decision(gid):
+        elif gid is not None and why is Why.LOST_DECISION:
             plan.lost_decisions.setdefault(gid.batch_id, []).append(txn.gid)
     for (decision_sink, batch_id), decision in sorted(decisions.items()):
         if decision.complete or (sink_id is not None and decision_sink != sink_id):
@@ -218,6 +216,20 @@ def plan_resolution(
     return plan
 
 
+def whose(txn: PreparedTransaction, database: str, sink_id: str | None) -> Why | None:
+    """Why a prepared transaction is not ours to act on here (foreign, another sink's
+    when ``sink_id`` names one, another database's); None when it is ours. ``status``
+    sorts with this rule too."""
+    gid = Gid.parse(txn.gid)
+    if gid is None:
+        return Why.FOREIGN
+    if sink_id is not None and gid.sink_id != sink_id:
+        return Why.OTHER_SINK
+    if txn.database != database:
+        return Why.OTHER_DATABASE
+    return None
+
+
 def _decide(
     txn: PreparedTransaction,
     gid: Gid | None,
@@ -226,22 +238,57 @@ def _decide(
     sink_id: str | None,
     scope: Scope,
     role: str | None,
-) -> tuple[Action, str]:
-    if gid is None:
-        return Action.LEAVE, "not a sqlsink transaction"
-    if sink_id is not None and gid.sink_id != sink_id:
-        return Action.LEAVE, f"belongs to sink {gid.sink_id}"
-    if txn.database != database:
-        return Action.LEAVE, f"in database {txn.database}"
+) -> tuple[Action, Why]:
+    if (elsewhere := whose(txn, database, sink_id)) is not None or gid is None:
+        return Action.LEAVE, elsewhere or Why.FOREIGN
     if role is not None and txn.owner != role:
-        return Action.LEAVE, (
-            f"prepared by role {txn.owner}: only that role or a superuser can finish it"
-        )
+        return Action.LEAVE, Why.OTHER_ROLE
     decision = decisions.get((gid.sink_id, gid.batch_id))
     if decision is not None:
         if txn.gid in decision.gids:
-            return Action.COMMIT, f"batch {gid.batch_id} is decided"
-        return Action.ROLLBACK, f"batch {gid.batch_id} is decided without this attempt"
+            return Action.COMMIT, Why.DECIDED
+        return Action.ROLLBACK, Why.NOT_DECIDED
     if (kept := scope.keeps(gid)) is not None:
         return Action.LEAVE, kept
-    return Action.ROLLBACK, f"batch {gid.batch_id} is undecided"
+    return Action.ROLLBACK, Why.UNDECIDED
+
+
+def sentence(why: Why, txn: PreparedTransaction, gid: Gid | None, scope: Scope) -> str:
+    """The one place a reason is put in words (``recover``'s actions, ``status``'s others)."""
+    if why is Why.FOREIGN or gid is None:
+        return "not a sqlsink transaction"
+    batch = gid.batch_id
+    command = f"sqlsink recover --sink-id {gid.sink_id} --commit-lost {batch} commits them"
+    lost_rows = (
+        "its decision was lost (a failover or a restore) and its transactions hold its "
+        f"rows; left prepared: {command}"
+    )
+    if why is Why.LOST_DECISION and batch in scope.lost:
+        return f"batch {batch} has no decision, but Spark committed it: {lost_rows}"
+    if why is Why.LOST_DECISION:
+        return (
+            f"batch {batch} has no decision, but Spark runs batch {scope.batch_id} "
+            f"({scope.highest_decided} is the highest decided), which it does only after "
+            f"committing the batches before it: {lost_rows}"
+        )
+    if why is Why.UNSURE:
+        highest = "none" if scope.highest_decided is None else scope.highest_decided
+        return (
+            f"batch {batch} has no decision and is above the highest decided batch "
+            f"({highest}) of a streaming sink, and no checkpoint of its query was read: Spark "
+            "may have committed it (a failover that lost its decision), so these transactions "
+            "may hold its only copy"
+        )
+    return {
+        Why.OTHER_SINK: f"belongs to sink {gid.sink_id}",
+        Why.OTHER_DATABASE: f"in database {txn.database}",
+        Why.OTHER_ROLE: f"prepared by role {txn.owner}: only that role or a superuser can "
+        "finish it",
+        Why.DECIDED: f"batch {batch} is decided",
+        Why.NOT_DECIDED: f"batch {batch} is decided without this attempt",
+        Why.LIVE_RUN: f"run {gid.run_id} is live",
+        Why.OTHER_RUN: f"of run {gid.run_id}: an abort acts on its own run only",
+        Why.IN_FLIGHT: "in flight in the live run",
+        Why.UNDECIDED: f"batch {batch} is undecided",
+        Why.LATE: "prepared after this run listed the sinks: run recover again",
+    }[why]

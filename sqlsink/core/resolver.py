@@ -95,7 +95,7 @@ class Resolver:
             if (g := Gid.parse(t.gid)) is not None
             and g.sink_id == sink_id
             and t.database == self.backend.database
-            and scope.lost_decision(g) is not None
+            and scope.lost_decision(g)
         ]
         decided = self.backend.decisions(sink_id, {(sink_id, b) for _, b in gids})
         found: dict[int, list[str]] = {}

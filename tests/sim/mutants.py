@@ -37,7 +37,7 @@ from sqlsink.core.model import (
     TaskState,
 )
 from sqlsink.core.participant import Participant, Start
-from sqlsink.core.resolution import Scope
+from sqlsink.core.resolution import Scope, Why
 from sqlsink.core.writer_batch import PartStart
 from tests.sim import world as world_module
 from tests.sim.memory import MemoryBackend, lock_key
@@ -212,19 +212,17 @@ def _main_before_write(self: Participant) -> Start:
     return Start(adopt=self._earlier_attempt(gids))
 
 
-def _main_keeps(self: Scope, gid: Gid) -> str | None:
+def _main_keeps(self: Scope, gid: Gid) -> Why | None:
     """``Scope.keeps`` on main: live runs' gids, and a live run's own in flight; nothing
     about a batch whose decision was lost."""
     if gid.run_id in self.live_runs:
-        return f"run {gid.run_id} is live"
+        return Why.LIVE_RUN
     if self.run_id is None or self.batch_id is None:
         return None
     if gid.run_id != self.run_id:
-        if self.own_run_only:
-            return f"of run {gid.run_id}: an abort acts on its own run only"
-        return None
+        return Why.OTHER_RUN if self.own_run_only else None
     if gid.batch_id > self.batch_id or (gid.batch_id == self.batch_id and not self.include_batch):
-        return "in flight in the live run"
+        return Why.IN_FLIGHT
     return None
 
 

@@ -2,7 +2,7 @@ from datetime import datetime, timezone
 
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import Decision, PreparedTransaction
-from sqlsink.core.resolution import Action, Scope, plan_resolution
+from sqlsink.core.resolution import Action, Scope, Why, plan_resolution, sentence, whose
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 RUN, DEAD = "run-live", "run-dead"
@@ -136,3 +136,64 @@ def test_recovery_leaves_the_batches_spark_committed() -> None:
     plan = plan_resolution([txn(lost), txn(rerun)], {}, database="shop", sink_id="s1", scope=scope)
     assert actions(plan) == {lost: Action.LEAVE, rerun: Action.ROLLBACK}
     assert plan.lost_decisions == {6: [lost]}
+
+
+def test_every_reason_is_data_with_one_sentence() -> None:
+    """The plan carries ``why`` (what callers branch on); ``sentence`` words every value,
+    and the action's ``reason`` is that sentence."""
+    lost, live, mine = g(6, 0, run=DEAD), g(9, 0, run="run-other"), g(8, 0)
+    scope = Scope.everything(live_runs=frozenset({"run-other"}), lost=frozenset({6}))
+    prepared = [txn(lost), txn(live), txn(mine), txn("xa-foreign"), txn(g(3, 0), "elsewhere")]
+    plan = plan_resolution(prepared, {}, database="shop", sink_id="s1", scope=scope)
+    whys = {a.prepared.gid: a.why for a in plan.actions}
+    assert whys[lost] is Why.LOST_DECISION and whys[live] is Why.LIVE_RUN
+    assert whys[mine] is Why.UNDECIDED and whys["xa-foreign"] is Why.FOREIGN
+    assert whys[g(3, 0)] is Why.OTHER_DATABASE
+    for a in plan.actions:
+        assert a.reason == sentence(a.why, a.prepared, Gid.parse(a.prepared.gid), scope)
+    gid = Gid.parse(mine)
+    texts = {why: sentence(why, txn(mine), gid, Scope.live(RUN, 9).knowing(5)) for why in Why}
+    assert all(texts.values()) and len(set(texts.values())) == len(Why)
+
+
+def test_status_and_recover_sort_the_others_by_one_rule() -> None:
+    """``whose``: foreign first, then another sink's (when one is named), then another
+    database's; the same gid gets the same ``why`` in ``plan_resolution``."""
+    other_sink_elsewhere = txn(g(1, 0, sink="s2"), "elsewhere")
+    cases = [
+        (txn("xa-foreign"), "s1", Why.FOREIGN),
+        (other_sink_elsewhere, "s1", Why.OTHER_SINK),
+        (other_sink_elsewhere, None, Why.OTHER_DATABASE),
+        (txn(g(1, 0)), "s1", None),
+    ]
+    for prepared, sink_id, expected in cases:
+        assert whose(prepared, "shop", sink_id) is expected
+        plan = plan_resolution([prepared], {}, database="shop", sink_id=sink_id, scope=Scope())
+        if expected is not None:
+            assert plan.actions[0].why is expected
+
+
+def test_no_code_branches_on_a_reasons_words() -> None:
+    """Rewording a sentence must not change what a command does: nothing in the package
+    compares or searches an action's ``reason`` (branch on ``why``)."""
+    import ast
+    from pathlib import Path
+
+    import sqlsink
+
+    found = []
+    for path in Path(sqlsink.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            reads = [
+                n for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr == "reason"
+            ]
+            if not reads:
+                continue
+            if isinstance(node, ast.Compare) or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"startswith", "endswith", "find", "index"}
+                and any(n is node.func.value for n in reads)
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []
