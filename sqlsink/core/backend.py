@@ -23,10 +23,9 @@ class TwoPhaseBackend(Protocol):
         None for a superuser."""
         ...
 
-    @property
-    def session_pid(self) -> int | None:
-        """The server process of this session, when there is one (fault injection cuts it)."""
-        ...
+    def cut_session(self, url: str) -> None:
+        """Fault injection only (``core/faults.py``, ``terminate``): end this backend's
+        session from a second connection to ``url``, as an operator or a failover would."""
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
         """Hold the sink's lock: committers and recoveries of one sink take turns."""

@@ -8,14 +8,14 @@ to fire only the first time it matches (the ``.fired`` log remembers). Actions:
 ``kill`` SIGKILLs every process of the session (the driver, its JVM and every
 worker, which PySpark puts in process groups of their own: a real crash; run the
 driver with ``start_new_session``), ``raise`` raises RuntimeError (a failed task),
-``terminate`` ends the caller's own database session with ``pg_terminate_backend``
-run from a second connection to the fault's ``url`` and returns, so that the code
-goes on and meets the cut connection where it would in production (mid-COPY,
-mid-commit). The callers pass their session's backend pid for that. ``sleep`` waits
+``terminate`` ends the caller's own database session from a second connection to the
+fault's ``url`` and returns, so that the code goes on and meets the cut connection
+where it would in production (mid-COPY, mid-commit). The callers pass ``cut``, their
+backend's way of doing that (PostgreSQL's: ``pg_terminate_backend`` of the session's
+pid, ``sqlsink/postgres/faults.py``). ``sleep`` waits
 ``seconds`` and returns (a straggler, for speculative execution).
 
-This module is test instrumentation; the database driver is imported only when a
-``terminate`` fault fires.
+This module is test instrumentation; it knows no database.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 
 ENV = "SQLSINK_FAULTS_FILE"
 POINTS = (
@@ -43,7 +44,7 @@ def crash_point(
     partition_id: int | None = None,
     attempt: int | None = None,
     *,
-    session_pid: int | None = None,
+    cut: Callable[[str], None] | None = None,
 ) -> None:
     path = os.environ.get(ENV)
     if not path:
@@ -70,7 +71,9 @@ def crash_point(
             time.sleep(float(fault.get("seconds", 10)))
             return
         if fault.get("action") == "terminate":
-            _terminate(str(fault["url"]), session_pid)
+            if cut is None:
+                raise RuntimeError(f"a terminate fault at {point} needs the caller's cut")
+            cut(str(fault["url"]))
             return
         raise RuntimeError(f"injected fault at {point} (batch {batch_id})")
 
@@ -82,15 +85,6 @@ def _has_fired(path: str, fault: dict[str, object]) -> bool:
     except (OSError, ValueError):
         return False
     return any(all(f.get(k) == v for k, v in fault.items() if k != "partition") for f in fired)
-
-
-def _terminate(url: str, pid: int | None) -> None:
-    import psycopg
-
-    if pid is None:
-        raise RuntimeError("a terminate fault needs the caller's session pid")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
 
 
 def _kill_session() -> None:

@@ -141,7 +141,7 @@ class Resolver:
                         crash_point(
                             "mid_commit",
                             action.gid.batch_id,
-                            session_pid=self.backend.session_pid,
+                            cut=self.backend.cut_session,
                         )
                 elif action.gid is not None:  # finished meanwhile, by someone else
                     to_verify.append((action.gid.batch_id, gid))

@@ -25,6 +25,7 @@ from sqlsink.postgres import (
 )
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.faults import terminator
 
 
 class PostgresBackend:
@@ -54,9 +55,8 @@ class PostgresBackend:
     def database(self) -> str:
         return self._database
 
-    @property
-    def session_pid(self) -> int | None:
-        return None if self.conn.closed else self.conn.info.backend_pid
+    def cut_session(self, url: str) -> None:
+        terminator(None if self.conn.closed else self.conn.info.backend_pid)(url)
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
         return locks.sink_lock(self.conn, sink_id, self.lock_timeout_s)

@@ -36,6 +36,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
+from sqlsink.postgres.faults import terminator
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
 from sqlsink.postgres.schema import privilege_error
 from sqlsink.postgres.sessions import session
@@ -207,7 +208,7 @@ def _cut_mid_copy(
         task.batch_id,
         task.partition_id,
         task.attempt_number,
-        session_pid=conn.info.backend_pid,
+        cut=terminator(conn.info.backend_pid),
     )
     yield from batches
 

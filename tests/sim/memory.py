@@ -454,9 +454,9 @@ class MemoryBackend:
     def finisher_role(self) -> str | None:
         return None if self.session.superuser else self.session.role
 
-    @property
-    def session_pid(self) -> int | None:
-        return None if self.session.dead else self.session.pid
+    def cut_session(self, url: str) -> None:
+        """As pg_terminate_backend from another session: this one ends (``url`` unused)."""
+        self.server.end_session(self.session, terminated=True)
 
     # -- the sink lock (postgres/locks.py) ----------------------------------------------
 

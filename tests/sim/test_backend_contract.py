@@ -495,3 +495,12 @@ def test_a_kept_session_a_fenced_run_recorded_is_not_ended_while_the_new_run_hol
         with pytest.raises(TransientError), other.sink_lock(sink):
             pass
         assert not harness.lost(kept)
+
+
+def test_cut_session_ends_the_backends_own_session(harness: Harness, sinks: list[str]) -> None:
+    """Fault injection's ``terminate`` (``core/faults.py``): the backend's session ends as
+    if an operator terminated it, and its next statement meets the cut connection."""
+    b = harness.session()
+    assert b.highest_decided(sinks[0]) is None
+    b.cut_session(getattr(harness, "url", ""))
+    assert harness.lost(b)
