@@ -1,7 +1,8 @@
 """``sqlsink forget``: remove a retired sink's commit log, so that its sink id can be
 used again. It refuses while anything of the sink is unfinished (prepared
 transactions, incomplete batches, a live run): that is what the log is there to
-complete. Exit 0: removed (or nothing to remove); 1: refused; 2: errors.
+complete. Exit 0: removed (a sink with no decided batch too); 1: refused; 2: errors (an
+unknown sink among them, with the known sinks listed).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import Envelope, ForgetDocument
-from sqlsink.cli.output import EXIT_OK, EXIT_WARN, Output, header
+from sqlsink.cli.output import EXIT_OK, EXIT_WARN, CliError, Output, header
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import locks, retention
 
@@ -60,25 +61,36 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
         except ConfigError as exc:
             doc["message"] = exc.message
         else:
-            doc["forgotten"] = gone.decisions > 0
+            if not gone.known:
+                listed = ", ".join(gone.others) or "none"
+                raise CliError(
+                    f"unknown sink {args.sink_id} in database {me.database}: the commit log "
+                    f"has nothing of it (known sinks: {listed}); nothing was removed",
+                    "check --sink-id (the sinkId option, else the query id) and the database "
+                    "in --url; sqlsink status lists the sinks",
+                )
+            doc["forgotten"] = True  # a sink with no decided batch too: its registration
             doc["decisions"] = gone.decisions
             doc["first_batch"] = gone.first_batch
             doc["last_batch"] = gone.last_batch
-            if doc["forgotten"]:
+            if gone.decisions:
                 doc["replay_warning"] = replay_warning(args.sink_id, gone.last_batch, gone.writer)
     code = EXIT_WARN if doc["message"] else EXIT_OK
     if not out.json_mode:
         header(out, "forget", me)
         if doc["message"]:
             out.line(f"refused: {doc['message']}")
-        elif doc["forgotten"]:
+        elif doc["decisions"]:
             out.line(
                 f"forgot sink {args.sink_id}: {doc['decisions']} decided batch(es), "
                 f"{doc['first_batch']} to {doc['last_batch']}; the sink id can be used again"
             )
             out.line(f"warning: {doc['replay_warning']}")
         else:
-            out.line(f"sink {args.sink_id} has no decided batches: nothing to forget")
+            out.line(
+                f"forgot sink {args.sink_id}: it had no decided batch (only its registration); "
+                "the sink id can be used again"
+            )
         out.line()
         out.line(f"exit {code}: {'refused, see above' if code else 'done'}")
     return code

@@ -236,7 +236,23 @@ def _live_run_notice(sink: SinkRecovery, run: RunInfo, dry_run: bool, fix_cmd: s
     heard = f"heard from {format_age(run.heartbeat_age_s)} ago"
     live = f"run {run.run_id} is live ({heard}; live while heard from within {timeout_text(run)})"
     if not left:
-        return Notice("info", f"{live}: nothing of it is prepared", None, sink.sink_id)
+        finished = [a for a in sink.to_do() if a.gid is not None and a.gid.run_id == run.run_id]
+        if not finished:
+            return Notice("info", f"{live}: nothing of it is prepared", None, sink.sink_id)
+        done = {a.action for a in finished}
+        what = (
+            "committed"
+            if done == {Action.COMMIT}
+            else "rolled back"
+            if done == {Action.ROLLBACK}
+            else "committed or rolled back, as their batches' decisions say"
+        )
+        message = (
+            f"{live}: its {len(finished)} prepared transaction(s) of decided batches "
+            f"{'would be' if dry_run else 'were'} {what} by this recover; none is left for "
+            "its own commit"
+        )
+        return Notice("info", message, None, sink.sink_id)
     verb = "would be" if dry_run else "were"
     message = (
         f"{live}: its {left} undecided prepared transaction(s) {verb} left for its own "

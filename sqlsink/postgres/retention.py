@@ -46,6 +46,8 @@ class Forgotten:
     first_batch: int | None
     last_batch: int | None
     writer: str | None = None  # what the sink was bound to: 'stream', 'load' (or None)
+    known: bool = True  # the log had anything of the sink (a sinks or runs row, a decision)
+    others: tuple[str, ...] = ()  # when not known: the sinks the log knows (the first 20)
 
 
 def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
@@ -67,7 +69,10 @@ def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
             "       (SELECT max(batch_id) FROM sqlsink.decisions WHERE sink_id = %(sink)s), "
             "       (SELECT writer FROM sqlsink.sinks WHERE sink_id = %(sink)s), "
             f"       (SELECT max(heartbeat_at + timeout * interval '1 second') FROM ({RUNS_SQL}) "
-            "        AS runs WHERE live)",
+            "        AS runs WHERE live), "
+            "       EXISTS (SELECT 1 FROM sqlsink.sinks WHERE sink_id = %(sink)s) "
+            "       OR EXISTS (SELECT 1 FROM sqlsink.runs WHERE sink_id = %(sink)s), "
+            "       ARRAY(SELECT sink_id FROM sqlsink.sinks ORDER BY 1 LIMIT 20)",
             {"prefix": prefix, "sink": sink_id},
         ).fetchone()
         assert row is not None
@@ -78,6 +83,9 @@ def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
             load = writer == "load"
             refusal = _refusal(sink_id, prepared, incomplete, live, load=load, until=live_until)
             raise ConfigError(refusal, sink_id=sink_id)
+        known = bool(row[8]) or int(row[3]) > 0
+        if not known:
+            return Forgotten(0, None, None, known=False, others=tuple(map(str, row[9])))
         conn.execute("SELECT set_config('sqlsink.forget', %s, true)", (sink_id,))
         for table in ("markers", "decisions", "runs", "sinks"):
             conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))

@@ -289,7 +289,8 @@ def test_check_documents_follow_the_contract(db: Db) -> None:
 def test_forget_documents_follow_the_contract(db: Db) -> None:
     shape = Shape()  # refusals and removals: tests/pg/test_forget.py
     nothing = sqlsink("forget", "--url", db.url, "--sink-id", "never-written", "--json")
-    assert nothing.code == 0 and shape.document(nothing, "forget")["forgotten"] is False
+    assert nothing.code == 2 and shape.document(nothing, "forget")["forgotten"] is False
+    assert nothing.json["error"]["message"].startswith("unknown sink never-written in database")
     assert shape.seen >= FORGET_TYPES
 
 

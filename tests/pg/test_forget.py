@@ -87,6 +87,12 @@ def test_forget_warns_that_a_replay_from_the_old_checkpoint_writes_again(
     assert as_json.json["replay_warning"] == warning.replace("batch (1)", "batch (0)")
     nothing = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
     assert (nothing.json["forgotten"], nothing.json["replay_warning"]) == (False, None)
+    assert nothing.code == 2  # forgotten already: an unknown sink now
+    assert nothing.json["error"]["message"] == (
+        f"unknown sink {sink} in database {nothing.json['database']}: the commit log has "
+        f"nothing of it (known sinks: {', '.join(known_sinks(pg_url))}); nothing was removed"
+    )
+    assert "sqlsink status lists the sinks" in nothing.json["error"]["fix"]
 
 
 def test_forget_of_a_named_loads_sink_speaks_of_the_load_not_of_a_query(
@@ -125,3 +131,42 @@ def test_forget_of_a_named_loads_sink_speaks_of_the_load_not_of_a_query(
     # and so it does: the same load again, under the forgotten sink id
     Writer(pg_url, keyed, sink, query_id=None).batch(0, range(100, 105))
     assert ids_of(pg_url, keyed) == [*range(10), *range(100, 105)]
+
+
+def known_sinks(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT sink_id FROM sqlsink.sinks ORDER BY 1")][
+            :20
+        ] or ["none"]
+
+
+def test_forget_of_a_mistyped_sink_exits_2_and_lists_the_known_sinks(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """The first-contact trial: ``forget`` of a mistyped id said "nothing to forget" and
+    exited 0 (``status --sink-id`` of the same typo exits 2 and lists the sinks)."""
+    Writer(pg_url, keyed, sink, query_id="q", run="r1").batch(0, range(3))
+    typo = sink + "x"
+    result = sqlsink("forget", "--url", pg_url, "--sink-id", typo)
+    assert result.code == 2, result.out + result.err
+    said = result.out + result.err
+    assert f"unknown sink {typo} in database" in said and sink in said, said
+    assert "nothing was removed" in said
+    assert ids_of(pg_url, keyed) == [0, 1, 2]
+
+
+def test_forget_of_a_sink_with_only_its_registration_removes_it(
+    pg_url: str, keyed: str, sink: str
+) -> None:
+    """A one-off load that failed before its decision leaves a registered sink with no
+    decided batch (it cluttered status); forget removes it and says so, exit 0."""
+    writer = Writer(pg_url, keyed, sink, query_id=None, run="r1")
+    outcome = writer.write(0, range(3))
+    writer.abort(0, [outcome])
+    assert sink in known_sinks(pg_url)
+    time.sleep(1.2)
+    result = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
+    assert result.code == 0, result.out + result.err
+    assert result.json["forgotten"] is True and result.json["decisions"] == 0
+    assert result.json["replay_warning"] is None
+    assert sink not in known_sinks(pg_url)

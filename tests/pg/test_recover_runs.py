@@ -329,3 +329,35 @@ def test_status_warns_about_leftovers_that_no_live_run_will_finish(
     clean = sqlsink("status", "--url", pg_url, "--sink-id", sink, "--json")
     assert clean.code == 0 and clean.json["warnings"] == []
     assert ids_of(pg_url, keyed) == list(range(10))
+
+
+def test_a_dry_run_does_not_say_nothing_is_prepared_of_a_live_run_whose_batch_it_finishes(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first-contact trial: a live run's driver stopped after the decision of batch 1,
+    before its COMMIT PREPAREDs. ``recover --dry-run`` said "1 prepared transaction(s) to
+    finish" and, for the same run, "nothing of it is prepared". The run's notice now says
+    what recover does with them: they are of a decided batch, finished by recover."""
+    from sqlsink.core.faults import ENV as FAULTS_ENV
+
+    live = Writer(pg_url, keyed, sink, query_id="q", run="run-live")
+    live.batch(0, range(5))
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "after_decision", "batch": 1, "action": "raise"}]))
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    outcome = live.write(1, range(5, 10))
+    with pytest.raises(RuntimeError, match="injected fault at after_decision"):
+        live.commit(1, [outcome])
+    monkeypatch.delenv(FAULTS_ENV)
+    assert prepared_of(pg_url, sink) == [outcome.gid]
+
+    for args, verb in ((["--dry-run"], "would be"), ([], "were")):
+        result = sqlsink("recover", "--url", pg_url, "--sink-id", sink, "--json", *args)
+        (said,) = [w for w in result.json["warnings"] if "run run-live is live" in w["message"]]
+        assert "nothing of it is prepared" not in said["message"], said
+        assert (
+            f"its 1 prepared transaction(s) of decided batches {verb} committed by this "
+            "recover; none is left for its own commit"
+        ) in said["message"]
+    assert prepared_of(pg_url, sink) == []
+    assert ids_of(pg_url, keyed) == list(range(10))
