@@ -205,9 +205,13 @@ class BatchFigures:
 
     def line(self, sink_id: str | None, batch_id: int) -> str:
         """The driver's per-batch log line."""
+        return f"sqlsink {sink_id}: batch {batch_id}: {self.summary()}"
+
+    def summary(self) -> str:
+        """The line without its sink and batch."""
         slowest = self.slowest()
         parts = [
-            f"sqlsink {sink_id}: batch {batch_id}: {self.partitions} partitions, {self.rows} rows",
+            f"{self.partitions} partitions, {self.rows} rows",
             *([] if self.bytes_sent is None else [f"{self.bytes_sent} bytes"]),
             *(
                 []

@@ -4,11 +4,13 @@ the driver's split, and everything the driver's per-batch log line says."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import psycopg
 import pytest
 
+from sqlsink import cli
 from sqlsink.core.model import BatchFigures
 from sqlsink.postgres.survey import decisions as survey
 from tests.pg.protocol import Writer
@@ -39,6 +41,23 @@ def test_a_committed_batch_keeps_its_figures_and_its_line_says_only_them(
     assert figures.decision_ms > 0 and figures.commit_prepared_ms > 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sqlsink ")]
     assert figures.line(sink, 0) in lines  # the line is made from the figures as stored
+
+
+def test_status_shows_the_last_batchs_figures(
+    pg_url: str, keyed: str, sink: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    writer = Writer(pg_url, keyed, sink, query_id="q-figures")
+    writer.batch(0, range(0, 4), range(4, 6))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        (row,) = survey.recent_decisions(conn, sink, 1)  # type: ignore[arg-type]
+    assert row.figures is not None
+    capsys.readouterr()
+    assert cli.main(["status", "--url", pg_url, "--sink-id", sink, "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["sinks"][0]["last_batch"]
+    assert last["batch_id"] == 0 and last["line"] == row.figures.line(sink, 0)
+    assert BatchFigures.from_json(last["figures"]) == row.figures
+    assert cli.main(["status", "--url", pg_url, "--sink-id", sink]) == 0
+    assert f"last batch 0: {row.figures.summary()}" in capsys.readouterr().out
 
 
 def test_a_replayed_commit_keeps_the_first_commits_figures(
