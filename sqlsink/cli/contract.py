@@ -217,7 +217,7 @@ class BatchFiguresJson(TypedDict):
     """A batch's figures as its commit recorded them (``sqlsink.decisions.figures``,
     ``core.model.BatchFigures``); times in milliseconds."""
 
-    partitions: int  # partitions that prepared a transaction
+    partitions: int  # partitions that wrote (prepared, or committed directly at at-least-once)
     rows: int
     bytes_sent: int | None  # null unless every partition counted the bytes it sent
     writes: list[PartitionWriteJson]  # by partition

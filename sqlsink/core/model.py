@@ -41,7 +41,8 @@ class PartitionOutcome:
 
     @property
     def write_ms(self) -> float:
-        """From its first write to its PREPARE, on the partition's own clock."""
+        """From its first write to its PREPARE (its commit at at-least-once), on the
+        partition's own clock."""
         return (self.prepared_at - self.started_at) * 1000
 
 
@@ -155,7 +156,7 @@ class BatchFigures:
     rollbacks, the completion). ``commit_ms`` is the resolution as a whole (the last two),
     as the ``commit_ms`` column."""
 
-    partitions: int  # partitions that prepared a transaction
+    partitions: int  # partitions that wrote: prepared, or (at-least-once) committed
     rows: int
     bytes_sent: int | None  # None unless every such partition counted its bytes
     writes: tuple[PartitionFigures, ...]  # by partition id
@@ -178,14 +179,18 @@ class BatchFigures:
     ) -> BatchFigures:
         """From the partitions' outcomes, the decision written at ``decided_at`` (epoch
         seconds, the driver's clock) and the resolution's report."""
-        written = sorted((o for o in outcomes if o.gid is not None), key=lambda o: o.partition_id)
+        # prepared a transaction, or (at-least-once) committed its rows directly
+        written = sorted(
+            (o for o in outcomes if not o.skipped and (o.gid is not None or o.rows > 0)),
+            key=lambda o: o.partition_id,
+        )
         sent = [o.bytes_sent for o in written]
         last_prepare = max((o.prepared_at for o in written), default=None)
         # microseconds, as stored: the line said from these is the line the log keeps
         return cls(
             partitions=len(written),
             rows=sum(o.rows for o in outcomes),
-            bytes_sent=sum(b for b in sent if b is not None) if None not in sent else None,
+            bytes_sent=sum(b for b in sent if b is not None) if sent and None not in sent else None,
             writes=tuple(
                 PartitionFigures(o.partition_id, o.rows, round(o.write_ms, 3)) for o in written
             ),
