@@ -206,6 +206,41 @@ class RecoverDocument(Envelope):
 # -- status -------------------------------------------------------------------------------
 
 
+class PartitionWriteJson(TypedDict):
+    """One partition's write in a batch's figures."""
+
+    partition: int
+    rows: int
+    write_ms: float  # first write to PREPARE, on the partition's own clock
+
+
+class BatchFiguresJson(TypedDict):
+    """A batch's figures as its commit recorded them (``sqlsink.decisions.figures``,
+    ``core.model.BatchFigures``); times in milliseconds."""
+
+    partitions: int  # partitions that wrote (prepared, or committed directly at at-least-once)
+    rows: int
+    bytes_sent: int | None  # null unless every partition counted the bytes it sent
+    writes: list[PartitionWriteJson]  # by partition
+    slowest_partition: int | None
+    slowest_write_ms: float | None
+    prepare_to_decision_ms: float | None  # the last partition's PREPARE to the decision written
+    decision_ms: float  # the decision's write
+    commit_prepared_ms: float  # the COMMIT PREPAREDs
+    completion_ms: float  # the rest: reading, orphans' rollbacks, marking it complete
+    commit_ms: float  # commit_prepared_ms + completion_ms
+    orphans: int
+
+
+class LastBatchJson(TypedDict):
+    """The sink's newest decision and its figures."""
+
+    batch_id: int
+    decided_at: datetime
+    line: str | None  # the driver's per-batch log line, said from the figures
+    figures: BatchFiguresJson | None  # null: not recorded (its commit is not done, or older)
+
+
 class RecentBatchJson(TypedDict):
     """A recent decision of the sink, newest first."""
 
@@ -220,6 +255,7 @@ class RecentBatchJson(TypedDict):
     lag_seconds: float | None  # from the batch's first write until it was complete
     commit_ms: float | None
     orphans: int | None
+    figures: BatchFiguresJson | None  # null before schema version 9, or not recorded
 
 
 class PreparedJson(TypedDict):
@@ -249,6 +285,7 @@ class StatusSinkJson(TypedDict):
     last_complete_batch: int | None
     incomplete_batches: list[int]
     recent_batches: list[RecentBatchJson]
+    last_batch: LastBatchJson | None  # null: no decision yet
     prepared: list[PreparedJson]
     live: bool  # a run of the sink is live (runs registry; see RunJson)
     sessions: list[SessionJson]  # its connected tasks and committer: evidence only

@@ -40,6 +40,7 @@ from sqlsink.cli.runs import (
     stranded_reason,
 )
 from sqlsink.cli.status_json import (
+    last_batch_json,
     old_others_warning,
     others_json,
     recent_json,
@@ -84,7 +85,7 @@ class StatusScan:
         """One sink: its commit log, its runs, its open gids, data loss; warnings."""
         conn = self.conn
         summary = pg_decisions.batch_summary(conn, sink_id)
-        recent = pg_decisions.recent_decisions(conn, sink_id, self.batches)
+        recent = pg_decisions.recent_decisions(conn, sink_id, self.batches)  # --batches >= 1
         incomplete = pg_decisions.incomplete_decisions(conn, sink_id)
         live_sessions = pg_sessions.sink_sessions(self.sessions, sink_id)
         holders = pg_sessions.lock_holders(conn, sink_id)
@@ -111,6 +112,7 @@ class StatusScan:
             "last_complete_batch": summary.last_complete,
             "incomplete_batches": [d.batch_id for d in incomplete],
             "recent_batches": [recent_json(d) for d in recent],
+            "last_batch": last_batch_json(recent[0] if recent else None),
             "prepared": prepared_docs,
             "live": bool(live_runs),
             "sessions": [session_json(s) for s in live_sessions],

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlsink.cli.contract import ConsistentViewJson, OtherPreparedJson, RecentBatchJson
+from sqlsink.cli.contract import (
+    BatchFiguresJson,
+    ConsistentViewJson,
+    LastBatchJson,
+    OtherPreparedJson,
+    RecentBatchJson,
+)
 from sqlsink.cli.output import CliError, Notice, format_age
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PreparedTransaction
+from sqlsink.core.model import BatchFigures, PreparedTransaction
 from sqlsink.core.resolution import Scope, Why, sentence, whose
 from sqlsink.postgres import views as pg_views
 from sqlsink.postgres.survey import decisions as pg_decisions
@@ -35,6 +41,41 @@ def recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
         "lag_seconds": d.lag_seconds(),
         "commit_ms": d.commit_ms,
         "orphans": d.orphans,
+        "figures": None if d.figures is None else figures_json(d.figures),
+    }
+
+
+def figures_json(figures: BatchFigures) -> BatchFiguresJson:
+    """The figures as the column holds them (``BatchFigures.to_json``), typed."""
+    doc = figures.to_json()
+    return {
+        "partitions": figures.partitions,
+        "rows": figures.rows,
+        "bytes_sent": figures.bytes_sent,
+        "writes": [
+            {"partition": w.partition_id, "rows": w.rows, "write_ms": w.write_ms}
+            for w in figures.writes
+        ],
+        "slowest_partition": doc["slowest_partition"],
+        "slowest_write_ms": doc["slowest_write_ms"],
+        "prepare_to_decision_ms": figures.prepare_to_decision_ms,
+        "decision_ms": figures.decision_ms,
+        "commit_prepared_ms": figures.commit_prepared_ms,
+        "completion_ms": figures.completion_ms,
+        "commit_ms": figures.commit_ms,
+        "orphans": figures.orphans,
+    }
+
+
+def last_batch_json(d: pg_decisions.DecisionRow | None) -> LastBatchJson | None:
+    """The sink's newest decision (``d``), with its figures and the line said from them."""
+    if d is None:
+        return None
+    return {
+        "batch_id": d.batch_id,
+        "decided_at": d.decided_at,
+        "line": None if d.figures is None else d.figures.line(d.sink_id, d.batch_id),
+        "figures": None if d.figures is None else figures_json(d.figures),
     }
 
 

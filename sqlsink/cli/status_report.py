@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlsink.cli.contract import OtherPreparedJson, PreparedJson, RecentBatchJson, StatusSinkJson
 from sqlsink.cli.output import Output, format_age, format_time, table
 from sqlsink.cli.runs import print_runs
+from sqlsink.core.model import BatchFigures
 
 
 @dataclass
@@ -98,6 +99,11 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
             f"{format_time(check['checked_at'])})"
         )
     _print_views(out, doc)
+    last = doc["last_batch"]
+    if last is not None:
+        figures = BatchFigures.from_json(last["figures"])
+        said = "no figures recorded" if figures is None else figures.summary()
+        out.line(f"  last batch {last['batch_id']}: {said}")
     if doc["recent_batches"]:
         out.line("  recent batches:")
         _print_recent(out, doc["recent_batches"])

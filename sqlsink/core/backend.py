@@ -6,7 +6,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from sqlsink.core.model import Binding, Decision, PreparedTransaction
+from sqlsink.core.model import BatchFigures, Binding, Decision, PreparedTransaction
 
 
 class TwoPhaseBackend(Protocol):
@@ -107,8 +107,18 @@ class TwoPhaseBackend(Protocol):
         """Write the decision (durably) unless one exists; True if this call wrote it."""
         ...
 
-    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
-        """Store how the batch's commit went (for status and dashboards)."""
+    def record_metrics(
+        self,
+        sink_id: str,
+        batch_id: int,
+        commit_ms: float,
+        orphans: int,
+        *,
+        figures: BatchFigures | None = None,
+    ) -> None:
+        """Store how the batch's commit went (for status and dashboards), in one statement:
+        ``commit_ms``, ``orphans`` and, when given, the batch's ``figures`` (kept as they
+        are when None: a replay's commit does not erase the first's)."""
         ...
 
     def commit_prepared(self, gid: str) -> bool:

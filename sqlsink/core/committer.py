@@ -35,7 +35,7 @@ from sqlsink.core.admission import check_binding, check_forward, fenced_error
 from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
 from sqlsink.core.checkpoint_check import CheckpointCheck, lost_decision_error
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import Binding, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
 from sqlsink.core.resolution import Plan, Scope
 from sqlsink.core.resolver import Resolver, TimeoutPolicy
 from sqlsink.errors import CommitError
@@ -156,10 +156,10 @@ class Committer:
             )
         self.register(run_id, holds_lock=False, writer=writer)
         with self.backend.sink_lock(sink_id):
-            report, commit_ms = self._commit_locked(
+            report, commit_ms, figures = self._commit_locked(
                 batch_id, outcomes, writer, query_id, run_id, load
             )
-        self._log_batch(batch_id, outcomes, report, commit_ms)
+        self._log_batch(batch_id, outcomes, report, commit_ms, figures)
         return report
 
     def _commit_locked(
@@ -170,8 +170,9 @@ class Committer:
         query_id: str | None,
         run_id: str | None,
         load: bool,
-    ) -> tuple[ResolutionReport, float]:
-        """``commit_batch`` under the sink lock: the report, and COMMIT PREPARED's time."""
+    ) -> tuple[ResolutionReport, float, BatchFigures | None]:
+        """``commit_batch`` under the sink lock: the report, the resolution's time, and the
+        batch's figures when this call wrote its decision (a replay's keep the first's)."""
         sink_id = self.required_sink()
         highest = self.check_writer(writer, batch_id)
         self.register(run_id, holds_lock=True, load=load or query_id is None)
@@ -188,19 +189,37 @@ class Committer:
             # before anything of the batch is committed: a refusal rolls it back
             self.view.keep(sink_id)
         decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+        wrote: tuple[list[PartitionOutcome], float, float] | None = None
         if decision is None:
             crash_point("before_decision", batch_id)
-            self._decide(batch_id, outcomes, query_id, run_id)
+            started = time.monotonic()
+            present, written = self._decide(batch_id, outcomes, query_id, run_id)
+            if written:  # (decided meanwhile by another hand-over: its figures stand)
+                wrote = present, self.clock(), (time.monotonic() - started) * 1000
             crash_point("after_decision", batch_id)
         decided = time.monotonic()
         # N is decided now and nothing above it (check_forward): N is the highest decided
         scope = Scope.live(run_id, batch_id).knowing(batch_id) if run_id else self.recovery_scope()
         report = self.resolver.resolve(scope, dry_run=False)[1]
         commit_ms = (time.monotonic() - decided) * 1000
-        self.backend.record_metrics(sink_id, batch_id, commit_ms, len(report.rolled_back))
+        figures = (
+            None
+            if wrote is None
+            else BatchFigures.of(
+                wrote[0],
+                decided_at=wrote[1],
+                decision_ms=wrote[2],
+                report=report,
+                commit_ms=commit_ms,
+            )
+        )
+        # the figures go in the same statement as commit_ms: no round trip more per batch
+        self.backend.record_metrics(
+            sink_id, batch_id, commit_ms, len(report.rolled_back), figures=figures
+        )
         self._prune(batch_id)
         crash_point("after_commit", batch_id)
-        return report, commit_ms
+        return report, commit_ms, figures
 
     def _log_batch(
         self,
@@ -208,21 +227,20 @@ class Committer:
         outcomes: Sequence[PartitionOutcome | None],
         report: ResolutionReport,
         commit_ms: float,
+        figures: BatchFigures | None,
     ) -> None:
-        """The batch's one log line (and the transaction-timeout warning)."""
+        """The batch's one log line, said from its figures (so the commit log holds all
+        it says), and the transaction-timeout warning."""
         written = [o for o in outcomes if o is not None and o.gid is not None]
         self.resolver.warn_old((o.gid, o.started_at) for o in written if o.gid in report.committed)
-        first_write = min((o.started_at for o in written), default=None)
+        if figures is not None:
+            log.info("%s", figures.line(self.sink_id, batch_id))
+            return
         log.info(
-            "sqlsink %s: batch %d: %d partitions, %d rows, first write to decision %s, "
-            "COMMIT PREPARED %.1f ms, %d orphan(s) swept",
+            "sqlsink %s: batch %d: decided before (its figures are the first commit's), "
+            "COMMIT PREPARED and completion %.1f ms, %d orphan(s) swept",
             self.sink_id,
             batch_id,
-            len(written),
-            sum(o.rows for o in written),
-            "-"
-            if first_write is None
-            else f"{(self.clock() - first_write) * 1000 - commit_ms:.0f} ms",
             commit_ms,
             len(report.rolled_back),
         )
@@ -240,11 +258,12 @@ class Committer:
         outcomes: Sequence[PartitionOutcome | None],
         query_id: str | None,
         run_id: str | None,
-    ) -> None:
-        """Write the decision: exactly the gids the messages name, all still prepared."""
+    ) -> tuple[list[PartitionOutcome], bool]:
+        """Write the decision: exactly the gids the messages name, all still prepared.
+        Returns the outcomes decided and whether this call wrote the decision."""
         present = self._decidable(batch_id, outcomes, run_id)
         written = [o for o in present if o.gid is not None]
-        self.backend.insert_decision(
+        wrote = self.backend.insert_decision(
             self.required_sink(),
             batch_id,
             [o.gid for o in written if o.gid is not None],
@@ -255,6 +274,7 @@ class Committer:
             first_write_at=min((o.started_at for o in written), default=None),
             tables=self.tables,
         )
+        return present, wrote
 
     def _decidable(
         self, batch_id: int, outcomes: Sequence[PartitionOutcome | None], run_id: str | None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,13 @@ class PartitionOutcome:
     # the range of the table's key this partition wrote (core/key_ranges.py), when the
     # table has one and the partition wrote rows
     key_range: KeyRange | None = None
+    bytes_sent: int | None = None  # what its COPY sent, when the writer counted it
+
+    @property
+    def write_ms(self) -> float:
+        """From its first write to its PREPARE (its commit at at-least-once), on the
+        partition's own clock."""
+        return (self.prepared_at - self.started_at) * 1000
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,164 @@ class Decision:
     tables: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True)
+class PartitionFigures:
+    """One partition's share of a batch: its rows and its write time (first write to
+    PREPARE, from the partition's own timestamps)."""
+
+    partition_id: int
+    rows: int
+    write_ms: float
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """A batch's figures, recorded with its decision (``sqlsink.decisions.figures``, from
+    schema version 9) and said by the driver's per-batch log line, which says nothing
+    that is not here. Times in milliseconds; the driver's split, in order: the last
+    partition's PREPARE to the decision written (Spark's hand-over, the commit's checks
+    and the decision's write), the decision's write alone, the COMMIT PREPAREDs, and the
+    rest of the resolution (reading the prepared transactions and decisions, the orphans'
+    rollbacks, the completion). ``commit_ms`` is the resolution as a whole (the last two),
+    as the ``commit_ms`` column."""
+
+    partitions: int  # partitions that wrote: prepared, or (at-least-once) committed
+    rows: int
+    bytes_sent: int | None  # None unless every such partition counted its bytes
+    writes: tuple[PartitionFigures, ...]  # by partition id
+    prepare_to_decision_ms: float | None  # None: no partition prepared
+    decision_ms: float
+    commit_prepared_ms: float
+    completion_ms: float
+    commit_ms: float
+    orphans: int
+
+    @classmethod
+    def of(
+        cls,
+        outcomes: Sequence[PartitionOutcome],
+        *,
+        decided_at: float,
+        decision_ms: float,
+        report: ResolutionReport,
+        commit_ms: float,
+    ) -> BatchFigures:
+        """From the partitions' outcomes, the decision written at ``decided_at`` (epoch
+        seconds, the driver's clock) and the resolution's report."""
+        # prepared a transaction, or (at-least-once) committed its rows directly
+        written = sorted(
+            (o for o in outcomes if not o.skipped and (o.gid is not None or o.rows > 0)),
+            key=lambda o: o.partition_id,
+        )
+        sent = [o.bytes_sent for o in written]
+        last_prepare = max((o.prepared_at for o in written), default=None)
+        # microseconds, as stored: the line said from these is the line the log keeps
+        return cls(
+            partitions=len(written),
+            rows=sum(o.rows for o in outcomes),
+            bytes_sent=sum(b for b in sent if b is not None) if sent and None not in sent else None,
+            writes=tuple(
+                PartitionFigures(o.partition_id, o.rows, round(o.write_ms, 3)) for o in written
+            ),
+            prepare_to_decision_ms=_ms(
+                None if last_prepare is None else (decided_at - last_prepare) * 1000
+            ),
+            decision_ms=round(decision_ms, 3),
+            commit_prepared_ms=round(report.commit_prepared_ms, 3),
+            completion_ms=round(max(0.0, commit_ms - report.commit_prepared_ms), 3),
+            commit_ms=round(commit_ms, 3),
+            orphans=len(report.rolled_back),
+        )
+
+    def slowest(self) -> PartitionFigures | None:
+        """The partition whose write took longest."""
+        return max(self.writes, key=lambda w: w.write_ms, default=None)
+
+    def line(self, sink_id: str | None, batch_id: int) -> str:
+        """The driver's per-batch log line."""
+        return f"sqlsink {sink_id}: batch {batch_id}: {self.summary()}"
+
+    def summary(self) -> str:
+        """The line without its sink and batch."""
+        slowest = self.slowest()
+        parts = [
+            f"{self.partitions} partitions, {self.rows} rows",
+            *([] if self.bytes_sent is None else [f"{self.bytes_sent} bytes"]),
+            *(
+                []
+                if slowest is None
+                else [f"slowest write {slowest.write_ms:.0f} ms (partition {slowest.partition_id})"]
+            ),
+            *(
+                []
+                if self.prepare_to_decision_ms is None
+                else [f"last PREPARE to decision {self.prepare_to_decision_ms:.0f} ms"]
+            ),
+            f"decision {self.decision_ms:.1f} ms",
+            f"COMMIT PREPARED {self.commit_prepared_ms:.1f} ms",
+            f"completion {self.completion_ms:.1f} ms",
+            f"{self.orphans} orphan(s) swept",
+        ]
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The column's JSON (``from_json`` reads it back)."""
+        slowest = self.slowest()
+        return {
+            "partitions": self.partitions,
+            "rows": self.rows,
+            "bytes_sent": self.bytes_sent,
+            "writes": [
+                {"partition": w.partition_id, "rows": w.rows, "write_ms": round(w.write_ms, 3)}
+                for w in self.writes
+            ],
+            "slowest_partition": None if slowest is None else slowest.partition_id,
+            "slowest_write_ms": None if slowest is None else round(slowest.write_ms, 3),
+            "prepare_to_decision_ms": _ms(self.prepare_to_decision_ms),
+            "decision_ms": _ms(self.decision_ms),
+            "commit_prepared_ms": _ms(self.commit_prepared_ms),
+            "completion_ms": _ms(self.completion_ms),
+            "commit_ms": _ms(self.commit_ms),
+            "orphans": self.orphans,
+        }
+
+    @classmethod
+    def from_json(cls, value: object) -> BatchFigures | None:
+        """The figures a ``to_json`` wrote; None (never an error) for anything else."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls(
+                partitions=int(value["partitions"]),
+                rows=int(value["rows"]),
+                bytes_sent=_int_or_none(value.get("bytes_sent")),
+                writes=tuple(
+                    PartitionFigures(int(w["partition"]), int(w["rows"]), float(w["write_ms"]))
+                    for w in value["writes"]
+                ),
+                prepare_to_decision_ms=_float_or_none(value.get("prepare_to_decision_ms")),
+                decision_ms=float(value["decision_ms"]),
+                commit_prepared_ms=float(value["commit_prepared_ms"]),
+                completion_ms=float(value["completion_ms"]),
+                commit_ms=float(value["commit_ms"]),
+                orphans=int(value["orphans"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(str(value))
+
+
 @dataclass
 class ResolutionReport:
     """What a resolution did (or, in a dry run, would do)."""
@@ -137,3 +303,4 @@ class ResolutionReport:
     already_committed: list[str] = field(default_factory=list)
     lost: list[tuple[int, str]] = field(default_factory=list)  # (batch, gid)
     completed_batches: list[int] = field(default_factory=list)
+    commit_prepared_ms: float = 0.0  # spent in COMMIT PREPARED statements

@@ -135,7 +135,10 @@ class Resolver:
         for action in plan.actions:
             gid = action.prepared.gid
             if action.action is Action.COMMIT:
-                if self.backend.commit_prepared(gid):
+                started = time.monotonic()
+                committed = self.backend.commit_prepared(gid)
+                report.commit_prepared_ms += (time.monotonic() - started) * 1000
+                if committed:
                     report.committed.append(gid)
                     if action.gid is not None:
                         crash_point(

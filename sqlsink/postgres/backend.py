@@ -12,7 +12,14 @@ from psycopg import sql
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    Fate,
+    PreparedTransaction,
+    TaskState,
+)
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import (
     appnames,
@@ -216,9 +223,19 @@ class PostgresBackend:
     def visible_markers(self, gids: Collection[str]) -> set[str]:
         return commit_log.visible_markers(self.conn, gids)
 
-    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
+    def record_metrics(
+        self,
+        sink_id: str,
+        batch_id: int,
+        commit_ms: float,
+        orphans: int,
+        *,
+        figures: BatchFigures | None = None,
+    ) -> None:
         with self.standby.bounded(f"recording the metrics of batch {batch_id}", batch=batch_id):
-            commit_log.record_metrics(self.conn, sink_id, batch_id, commit_ms, orphans)
+            commit_log.record_metrics(
+                self.conn, sink_id, batch_id, commit_ms, orphans, figures=figures
+            )
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
         with self.standby.bounded(f"marking batches of sink {sink_id} complete", sink=sink_id):

@@ -20,9 +20,10 @@ import weakref
 from collections.abc import Collection, Iterable, Sequence
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import Binding, Decision, Fate, TaskState
+from sqlsink.core.model import BatchFigures, Binding, Decision, Fate, TaskState
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -242,39 +243,59 @@ def insert_decision(
         return cur.rowcount == 1
 
 
-# connections whose database has decisions.tables: a column is never dropped, so one
-# look per session (kept sessions serve many batches); until then, one per decision
-_DECISION_TABLES: weakref.WeakSet[Connection] = weakref.WeakSet()
+# connections whose database has every optional column of decisions: a column is never
+# dropped, so one look per session (kept sessions serve many batches); until then, one
+# per decision
+_DECISION_COLUMNS_ALL: weakref.WeakSet[Connection] = weakref.WeakSet()
+_OPTIONAL_DECISION_COLUMNS = ("tables", "figures")  # of versions 8 and 9
 
 
-def has_decision_tables(conn: Connection) -> bool:
-    """Whether decisions record their tables (version 8). An upgrade stops below a
-    migration that must lock sqlsink.markers while prepared partitions hold it
-    (postgres/schema.py: version 4 below 5 today), and the sink works at that version
-    meanwhile: its decisions then name no table (NULL, as those written before 8)."""
-    if conn in _DECISION_TABLES:
-        return True
-    row = conn.execute(
-        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.decisions') "
-        "AND attname = 'tables' AND NOT attisdropped)"
-    ).fetchone()
-    found = bool(row and row[0])
-    if found:
-        _DECISION_TABLES.add(conn)
+def decision_columns(conn: Connection) -> frozenset[str]:
+    """Which columns that later versions add to ``sqlsink.decisions`` are there, in one
+    look. An upgrade stops below a migration that must lock sqlsink.markers while prepared
+    partitions hold it (postgres/schema.py: version 4 below 5 today), and the sink works at
+    that version meanwhile: its decisions then name no table and keep no figures (NULL, as
+    those written before)."""
+    if conn in _DECISION_COLUMNS_ALL:
+        return frozenset(_OPTIONAL_DECISION_COLUMNS)
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.decisions') "
+        "AND attname = ANY(%s) AND NOT attisdropped",
+        (list(_OPTIONAL_DECISION_COLUMNS),),
+    ).fetchall()
+    found = frozenset(str(r[0]) for r in rows)
+    if found == frozenset(_OPTIONAL_DECISION_COLUMNS):
+        _DECISION_COLUMNS_ALL.add(conn)
     return found
 
 
+def has_decision_tables(conn: Connection) -> bool:
+    """Whether decisions record their tables (version 8; ``decision_columns``)."""
+    return "tables" in decision_columns(conn)
+
+
 def record_metrics(
-    conn: Connection, sink_id: str, batch_id: int, commit_ms: float, orphans: int
+    conn: Connection,
+    sink_id: str,
+    batch_id: int,
+    commit_ms: float,
+    orphans: int,
+    *,
+    figures: BatchFigures | None = None,
 ) -> None:
     """Figures only: committed without waiting for their WAL flush (a crash may lose them,
-    nothing else), in one round trip."""
+    nothing else), in one round trip and one UPDATE. ``figures`` (version 9; an upgrade
+    to it can be deferred, ``decision_columns``): None keeps those recorded."""
+    columns = "commit_ms = %s, orphans = %s"
+    args: list[object] = [commit_ms, orphans]
+    if figures is not None and "figures" in decision_columns(conn):
+        columns += ", figures = %s"
+        args.append(Jsonb(figures.to_json()))
     with conn.pipeline(), conn.transaction():
         conn.execute("SET LOCAL synchronous_commit = off")
         conn.execute(
-            "UPDATE sqlsink.decisions SET commit_ms = %s, orphans = %s "
-            "WHERE sink_id = %s AND batch_id = %s",
-            (commit_ms, orphans, sink_id, batch_id),
+            f"UPDATE sqlsink.decisions SET {columns} WHERE sink_id = %s AND batch_id = %s",
+            (*args, sink_id, batch_id),
         )
 
 

@@ -341,9 +341,11 @@ class Batch:
             self._abort(self.first_options, self.identity)
 
     def _commit(self, options: SinkOptions, identity: Identity) -> None:
+        from sqlsink import driver_log
         from sqlsink.postgres.checks import check_after_commit
         from sqlsink.spark.plan import CommitterSession
 
+        driver_log.install()  # the batch's line in the driver's log, unless logging is set up
         sink_id = self.writer.sink_id
         checked = identity.checkpoint is not None
         try:

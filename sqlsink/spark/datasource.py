@@ -223,6 +223,9 @@ class _SinkWriter:
         return SqlsinkCommitMessage(outcome, input_rows=given.rows)
 
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
+        from sqlsink import driver_log
+
+        driver_log.install()  # the batch's line in the driver's log, unless logging is set up
         outcomes = _outcomes(messages)
         sink_id = self._sink_id(outcomes)
         if sink_id is None:

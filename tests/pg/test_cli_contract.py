@@ -36,6 +36,7 @@ from sqlsink.cli.contract import (
     StatusDocument,
 )
 from sqlsink.core.checkpoint_check import Verdict
+from sqlsink.core.model import BatchFigures, PartitionFigures
 from sqlsink.postgres import checkpoint_records, run_registry, views
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import sink_lock
@@ -72,7 +73,8 @@ STATUS_TYPES = {
     StatusDocument, contract.StatusSinkJson, contract.RecentBatchJson, contract.PreparedJson,
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
     contract.RunJson, contract.CheckpointCheckJson, contract.ConsistentViewJson,
-    contract.HiddenBatchJson,
+    contract.HiddenBatchJson, contract.LastBatchJson, contract.BatchFiguresJson,
+    contract.PartitionWriteJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
 FORGET_TYPES = {ForgetDocument}
@@ -177,6 +179,20 @@ def db(pg_server: PgServer) -> Iterator[Db]:
             rollback_all_prepared(pg_server, left)
 
 
+FIGURES = BatchFigures(
+    partitions=1,
+    rows=2,
+    bytes_sent=None,
+    writes=(PartitionFigures(0, 2, 12.5),),
+    prepare_to_decision_ms=20.0,
+    decision_ms=2.0,
+    commit_prepared_ms=1.0,
+    completion_ms=0.5,
+    commit_ms=1.5,
+    orphans=0,
+)  # SINK's batch 3's, as its commit recorded them
+
+
 def leftovers(db: Db) -> None:
     """Batch 3 of SINK complete; batch 4 decided, one of its gids committed (its consistent
     view hides it), with an orphan attempt; batch 5 undecided. LOSSY's batch 2 decided,
@@ -191,6 +207,7 @@ def leftovers(db: Db) -> None:
     with db.connect() as conn:
         PostgresBackend(conn).commit_prepared(done)
         PostgresBackend(conn).mark_complete(SINK, [3])
+        PostgresBackend(conn).record_metrics(SINK, 3, 1.5, 0, figures=FIGURES)
     decided = [prepare(db, SINK, 4, p, range(10 + 5 * p, 15 + 5 * p)) for p in (0, 1)]
     prepare(db, SINK, 4, 0, range(100, 105), attempt=777)
     decide(db, SINK, 4, decided, 10, query=QUERY)
@@ -268,6 +285,11 @@ def test_status_documents_follow_the_contract(db: Db) -> None:
         doc = shape.document(result, "status")
         sink = next(s for s in doc["sinks"] if s["sink_id"] == SINK)
         assert sink["recent_batches"] and sink["prepared"]
+        # the newest decision (4) is not complete: no figures yet; batch 3's are there
+        assert sink["last_batch"] is not None and sink["last_batch"]["batch_id"] == 4
+        assert sink["last_batch"]["figures"] is None and sink["last_batch"]["line"] is None
+        [three] = [b for b in sink["recent_batches"] if b["batch_id"] == 3]
+        assert BatchFigures.from_json(three["figures"]) == FIGURES
         assert [v["view"] for v in sink["consistent_views"]] == ["public.v"]
         [hidden] = sink["hidden_batches"]
         assert (hidden["batch_id"], hidden["partitions_hidden"], hidden["prepared"]) == (4, 1, 1)

@@ -301,12 +301,17 @@ def test_a_whole_batch_commits_at_every_version_an_upgrade_may_stop_at(
             with psycopg.connect(url, autocommit=True) as conn:
                 assert installed_version(conn) == latest_version()  # type: ignore[arg-type]
                 tables = conn.execute(
-                    "SELECT batch_id, tables FROM sqlsink.decisions WHERE sink_id = %s "
-                    "ORDER BY batch_id",
+                    "SELECT batch_id, tables, figures ->> 'rows', commit_ms IS NOT NULL "
+                    "FROM sqlsink.decisions WHERE sink_id = %s ORDER BY batch_id",
                     (sink,),
                 ).fetchall()
-            # decisions written before version 8 name no table (NULL), as documented
-            assert tables == [(0, None), (1, None), (2, ["public.events"])]
+            # decisions written before version 8 name no table (NULL), as documented, and
+            # those before 9 keep no figures (commit_ms, of version 2, they have)
+            assert tables == [
+                (0, None, None, True),
+                (1, None, None, True),
+                (2, ["public.events"], "10", True),
+            ]
             assert ids_of(url, table) == list(range(30))
             assert prepared_of(url, sink) == [] and prepared_of(url, "other") == []
         finally:  # whatever failed: nothing stays prepared in the database

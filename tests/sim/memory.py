@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,7 +40,14 @@ from typing import Any, Protocol
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Binding, Decision, Fate, PreparedTransaction, TaskState
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    Fate,
+    PreparedTransaction,
+    TaskState,
+)
 from sqlsink.errors import ConfigError, TransientError
 from tests.sim.sched import Actor, Crash
 
@@ -110,6 +118,7 @@ class DecisionRow:
     commit_ms: float | None = None
     orphans: int | None = None
     tables: tuple[str, ...] | None = None  # NULL: none given (schema version 8)
+    figures: dict[str, Any] | None = None  # the jsonb column's value (schema version 9)
 
 
 @dataclass
@@ -848,11 +857,21 @@ class MemoryBackend:
         log.decisions[(sink_id, batch_id)] = row
         return True
 
-    def record_metrics(self, sink_id: str, batch_id: int, commit_ms: float, orphans: int) -> None:
+    def record_metrics(
+        self,
+        sink_id: str,
+        batch_id: int,
+        commit_ms: float,
+        orphans: int,
+        *,
+        figures: BatchFigures | None = None,
+    ) -> None:
         self._call(f"record metrics {sink_id} batch {batch_id}")
         row = self._log.decisions.get((sink_id, batch_id))
         if row is not None:
             row.commit_ms, row.orphans = commit_ms, orphans
+            if figures is not None:  # through JSON, as the column holds them
+                row.figures = json.loads(json.dumps(figures.to_json()))
 
     def visible_markers(self, gids: Collection[str]) -> set[str]:
         if not gids:

@@ -20,15 +20,18 @@ from psycopg import sql
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import Binding
+from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
+from sqlsink.postgres.survey import decisions as survey
 from tests.fix_pg import forget_sink
 from tests.sim.checks import KNOWN
 from tests.sim.memory import Clock, ConnectionLost, MemoryBackend, Server, SqlError
 from tests.sim.world import Purpose
+
+Metrics = tuple[float | None, int | None, BatchFigures | None]  # commit_ms, orphans, figures
 
 
 class Refused(Exception):
@@ -47,6 +50,7 @@ class Harness(Protocol):
     def sleep(self, seconds: float) -> None: ...
     def lost(self, backend: Any) -> bool: ...
     def task_session(self, sink: str, batch: int) -> Callable[[], None]: ...
+    def metrics(self, backend: Any, sink: str, batch: int) -> Metrics: ...
 
 
 class MemoryHarness:
@@ -106,6 +110,10 @@ class MemoryHarness:
         )
         return lambda: self.server.end_session(session, terminated=False)
 
+    def metrics(self, backend: MemoryBackend, sink: str, batch: int) -> Metrics:
+        row = self.server.log(self.database).decisions[(sink, batch)]
+        return row.commit_ms, row.orphans, BatchFigures.from_json(row.figures)
+
 
 class PostgresHarness:
     def __init__(self, url: str) -> None:
@@ -164,6 +172,13 @@ class PostgresHarness:
     def task_session(self, sink: str, batch: int) -> Callable[[], None]:
         conn = psycopg.connect(self.url, application_name=appnames.task(sink, batch, 0))
         return conn.close
+
+    def metrics(self, backend: PostgresBackend, sink: str, batch: int) -> Metrics:
+        """As ``sqlsink status`` reads them."""
+        (row,) = [
+            d for d in survey.recent_decisions(backend.conn, sink, 100) if d.batch_id == batch
+        ]
+        return row.commit_ms, row.orphans, row.figures
 
     def close(self, sinks: list[str]) -> None:
         for conn in self.conns:
@@ -280,6 +295,36 @@ def test_insert_decision_once_highest_and_incomplete_decisions(
     assert b.decisions(sink) == {}
     assert b.decisions(sink, [(sink, 3)])[(sink, 3)].complete
     assert b.visible_markers([g1]) == set()  # a complete batch's markers go
+
+
+def test_record_metrics_keeps_the_batchs_figures_in_one_go(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """commit_ms, orphans and the figures land together and read back whole; a later
+    recording without figures (a replay's commit) keeps them."""
+    sink = sinks[0]
+    b = harness.session()
+    assert b.insert_decision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
+
+    def outcome(partition: int, rows: int, started: float, prepared: float) -> PartitionOutcome:
+        g = gid(sink, 0, partition)
+        return PartitionOutcome(sink, 0, partition, g, rows, False, "q1", "r1", started, prepared)
+
+    report = ResolutionReport(rolled_back=["orphan"], commit_prepared_ms=3.25)
+    figures = BatchFigures.of(
+        [outcome(1, 4, 100.0, 100.5), outcome(0, 3, 100.0, 100.25)],
+        decided_at=100.75,
+        decision_ms=1.5,
+        report=report,
+        commit_ms=5.0,
+    )
+    b.record_metrics(sink, 0, 5.0, 1, figures=figures)
+    assert harness.metrics(b, sink, 0) == (5.0, 1, figures)
+    assert figures.to_json()["slowest_partition"] == 1
+    assert (figures.partitions, figures.rows, figures.bytes_sent) == (2, 7, None)
+    assert figures.prepare_to_decision_ms == 250.0 and figures.completion_ms == 1.75
+    b.record_metrics(sink, 0, 2.0, 0)
+    assert harness.metrics(b, sink, 0) == (2.0, 0, figures)
 
 
 def test_mark_aborted_and_the_fate_of_an_attempt(harness: Harness, sinks: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlsink.core.model import BatchFigures
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version
 
@@ -30,6 +31,7 @@ class DecisionRow:
     first_write_at: datetime | None = None
     commit_ms: float | None = None
     orphans: int | None = None
+    figures: BatchFigures | None = None  # schema version 9 on; None before, or not recorded
 
     def rows_per_second(self) -> float | None:
         """Throughput: rows over the time from the first write to the decision."""
@@ -54,15 +56,17 @@ class BatchSummary:
     incomplete: int
 
 
+# figures through the row's JSON: NULL where the column is missing (before version 9,
+# or while the upgrade to it is deferred)
 _DECISION_COLUMNS = (
     "sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id, "
-    "first_write_at, commit_ms, orphans FROM sqlsink.decisions"
+    "first_write_at, commit_ms, orphans, to_jsonb(d) -> 'figures' FROM sqlsink.decisions d"
 )
 
 
 def _decision(row: tuple[object, ...]) -> DecisionRow:
     sink_id, batch_id, gids, rows, decided_at, completed_at, query_id, run_id = row[:8]
-    first_write_at, commit_ms, orphans = row[8:]
+    first_write_at, commit_ms, orphans, figures = row[8:]
     return DecisionRow(
         str(sink_id),
         int(str(batch_id)),
@@ -75,6 +79,7 @@ def _decision(row: tuple[object, ...]) -> DecisionRow:
         first_write_at,  # type: ignore[arg-type]
         None if commit_ms is None else float(str(commit_ms)),
         None if orphans is None else int(str(orphans)),
+        BatchFigures.from_json(figures),
     )
 
 
