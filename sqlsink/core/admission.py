@@ -4,7 +4,7 @@ A sink with decided batches belongs to the writer that decided them (invariant 8
 Spark replays only its last batch, so a batch below the highest decided one is
 refused (invariant 9); a run superseded by a newer one is a zombie (invariant 10).
 This module owns those rules and the errors they raise; the committer
-(``core/committer.py``, ``core/abort.py``) and the participant
+(``core/committer.py``, its abort included) and the participant
 (``core/participant.py``) apply them.
 """
 

@@ -30,8 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from sqlsink.core import abort
-from sqlsink.core.admission import check_binding, check_forward, fenced_error
+from sqlsink.core.admission import check_binding, check_forward, fenced_error, refuses
 from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
 from sqlsink.core.checkpoint_check import CheckpointCheck, lost_decision_error
 from sqlsink.core.faults import crash_point
@@ -50,8 +49,8 @@ PRUNE_EVERY = 100  # batches between two prunings (one DELETE per hundred batche
 class Committer:
     """The protocol's driver side for one sink (or, for recovery, all sinks: ``sink_id=None``).
 
-    This module owns the batch's own path (who may write, the decision, retention);
-    the commit loop is ``core/resolver.py``'s, an abort ``core/abort.py``'s."""
+    This module owns the batch's own path (who may write, the decision, retention, the
+    abort); the commit loop is ``core/resolver.py``'s."""
 
     def __init__(
         self,
@@ -340,18 +339,113 @@ class Committer:
         """Roll back this run's batch N unless it is decided; a decided batch is rolled
         forward. Never acts beyond its own run, nor for a writer the sink refused.
 
+        An undecided batch's late tasks are told so (``mark_aborted``) and roll themselves
+        back after PREPARE. An abort acts only for a run it can prove is its own: one a
+        task of the batch reported, or the caller's (a load's, the foreachBatch writer's);
+        when no task reported, the run its tasks registered with the writer's token, and
+        only with the query known and the sink bound to it (or to nobody yet). Otherwise
+        it touches nothing and says what stays prepared and who resolves it. Once the
+        batch's task sessions still connected have ended (Spark kills them), it sweeps the
+        batch again.
+
         ``writer_token``: the driver's (spark/driver_token.py). When no task reported
         (the failed ones report nothing, the running ones not yet), the run is the
-        newest one whose tasks registered with it: this driver's (``core/abort.py``)."""
-        return abort.abort_batch(
-            self,
+        newest one whose tasks registered with it: this driver's. It must name the
+        writer's driver and query together (spark/driver_token.run_token), and is used only
+        when no run id is known and the query id is."""
+        sink_id = self.required_sink()
+        backend = self.backend
+        run_id = run_id or next((o.run_id for o in outcomes if o and o.run_id), None)
+        query_id = query_id or next((o.query_id for o in outcomes if o and o.query_id), None)
+        writer = Binding("load") if load else Binding.of(query_id) if query_id else None
+        if run_id is None:
+            if writer is None:
+                why = "its streaming query is unknown (no run can be proved its own)"
+            elif writer_token is None:
+                why = "its run is unknown (no task reported it, and this driver has no token)"
+            else:  # the token names the driver and the query: a run found is this query's
+                run_id = backend.run_of_token(sink_id, writer_token)
+                why = (
+                    f"no run of {writer.describe()} registered from this driver (its tasks were "
+                    "refused before writing, or none had started)"
+                )
+            if run_id is None:
+                _warn_run_unknown(sink_id, batch_id, why)
+                return ResolutionReport()
+        with backend.sink_lock(sink_id):
+            bound = backend.binding(sink_id)
+            highest = backend.highest_decided(sink_id)
+            if writer is not None and refuses(bound, highest, writer):
+                log.warning(
+                    "sqlsink %s: batch %d of %s aborted; the sink belongs to %s, so this "
+                    "abort touches nothing: this writer's tasks are refused before they "
+                    "write, and what other runs left prepared is resolved by the owner's "
+                    "next batch, or by sqlsink recover --sink-id %s",
+                    sink_id,
+                    batch_id,
+                    writer.describe(),
+                    bound.describe() if bound else "nobody",
+                    sink_id,
+                )
+                return ResolutionReport()
+            decision = backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
+            decided = decision is not None
+            mine = decision is not None and decision.run_id == run_id  # a fenced load: rows in
+            self.register(run_id, holds_lock=True, load=load or query_id is None, decided=mine)
+            if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
+                backend.mark_aborted(sink_id, run_id, batch_id)
+            report = self.resolver.resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
+        report = self._after_late_tasks(run_id, batch_id, report)
+        log.warning(
+            "sqlsink %s: batch %d aborted (%s): %d rolled back, %d committed",
+            sink_id,
             batch_id,
-            outcomes,
-            run_id=run_id,
-            query_id=query_id,
-            load=load,
-            writer_token=writer_token,
+            "decided, rolled forward" if decided else "undecided",
+            len(report.rolled_back),
+            len(report.committed),
         )
+        return report
+
+    def _after_late_tasks(
+        self, run_id: str, batch_id: int, report: ResolutionReport
+    ) -> ResolutionReport:
+        """Sweep the aborted batch again once its tasks still connected have ended.
+
+        A task still loading when the sweep read the prepared transactions rolls itself
+        back after its PREPARE (``Participant.after_prepare``), unless its process is
+        ended in between: Spark kills the other tasks of a failed job, and ends a killed
+        task's Python worker ``spark.python.task.killTimeout`` (2 s) later. Its
+        transaction would stay prepared, holding its locks and a slot, until the next
+        run or a recover. So wait (bounded) for the batch's task sessions to end, and
+        sweep again (found by tests/spark/test_secrets.py under load)."""
+        sink_id = self.required_sink()
+        seen, left = self.backend.await_batch_tasks(sink_id, batch_id, ABORT_GRACE_S)
+        if seen:
+            with self.backend.sink_lock(sink_id):
+                scope = Scope.aborting(run_id, batch_id)
+                again = self.resolver.resolve(scope, dry_run=False)[1]
+            report = ResolutionReport(
+                committed=[*report.committed, *again.committed],
+                rolled_back=[*report.rolled_back, *again.rolled_back],
+                left=again.left,  # what is left is what the second sweep left
+                already_committed=[*report.already_committed, *again.already_committed],
+                lost=[*report.lost, *again.lost],
+                completed_batches=sorted({*report.completed_batches, *again.completed_batches}),
+            )
+        if left:
+            log.warning(
+                "sqlsink %s: batch %d aborted while %d of its task session(s) (pid %s) were "
+                "still connected after %.0f s; a task that prepares later rolls itself "
+                "back, and if its process is killed first, the next run of the query or "
+                "sqlsink recover --sink-id %s rolls its transaction back",
+                sink_id,
+                batch_id,
+                len(left),
+                ", ".join(map(str, left)),
+                ABORT_GRACE_S,
+                sink_id,
+            )
+        return report
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -382,3 +476,21 @@ class Committer:
         if self.sink_id is None:
             raise ValueError("this operation needs a sink id")
         return self.sink_id
+
+
+# how long an abort waits for its batch's tasks still connected (Spark kills them)
+ABORT_GRACE_S = 10.0
+
+
+def _warn_run_unknown(sink_id: str, batch_id: int, why: str) -> None:
+    log.warning(
+        "sqlsink %s: batch %d aborted before any task reported; %s, so this abort "
+        "touches nothing: a transaction a task of it prepared stays prepared until the "
+        "query starts again (its first task resolves it), or until sqlsink recover "
+        "--sink-id %s once the run's heartbeat is older than runTimeout (sqlsink status "
+        "names the run; recover --force --run-id RUN at once)",
+        sink_id,
+        batch_id,
+        why,
+        sink_id,
+    )

@@ -79,7 +79,7 @@ KNOWN: dict[str, str] = {
     # "live-session-ended" (fix/rone); "lost-decision-inferred-across-writers" no longer
     # happens since Scope.knowing infers nothing for a sink without a decision, and the
     # final recover is given the checkpoint of the query the sink is bound to). Open:
-    "abort-sweeps-after-fencing": "an abort's second sweep (core/abort.py after_late_tasks, "
+    "abort-sweeps-after-fencing": "an abort's second sweep (Committer._after_late_tasks, "
     "once the batch's task sessions ended) does not register under the lock again: a run "
     "superseded meanwhile rolls back its own undecided gids (harmless: nobody can decide "
     "them; found beside issue 26, not fixed)",

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from sqlsink.core import abort as abort_module
 from sqlsink.core import admission as admission_module
 from sqlsink.core import committer as committer_module
 from sqlsink.core import participant as participant_module
@@ -59,7 +58,7 @@ def item_2_null_binding_passes() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(admission_module, "refuses", refuses)  # check_binding's
-        mp.setattr(abort_module, "refuses", refuses)  # abort_batch's
+        mp.setattr(committer_module, "refuses", refuses)  # abort_batch's
         yield
 
 
@@ -252,11 +251,11 @@ def _main_abort_batch(
     outcomes: Sequence[PartitionOutcome | None],
     *,
     run_id: str | None,
-    query_id: str | None,
-    load: bool,
-    writer_token: str | None,
+    query_id: str | None = None,
+    load: bool = False,
+    writer_token: str | None = None,
 ) -> ResolutionReport:
-    """``core.abort.abort_batch`` on main: with no run from the messages, the newest run
+    """``Committer.abort_batch`` on main: with no run from the messages, the newest run
     registered with the driver's token is the abort's, its query unknown (no binding
     check then)."""
     sink_id = committer.required_sink()
@@ -278,7 +277,7 @@ def _main_abort_batch(
         if not decided:
             backend.mark_aborted(sink_id, run_id, batch_id)
         report = committer.resolver.resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
-    return abort_module.after_late_tasks(committer, run_id, batch_id, report)
+    return committer._after_late_tasks(run_id, batch_id, report)
 
 
 class MainDataSource:
@@ -306,7 +305,7 @@ def r1_abort_by_driver_token() -> Iterator[None]:
     """R1 reverted: an abort no task reported to takes the newest run of the driver's
     token, whichever query's, and acts for it."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(abort_module, "abort_batch", _main_abort_batch)
+        mp.setattr(Committer, "abort_batch", _main_abort_batch)
         mp.setattr(world_module.World, "datasource", MainDataSource)
         yield
 
