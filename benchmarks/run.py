@@ -6,6 +6,7 @@ interleaved-key trap, scaling, peers and per-batch cost.
     .venv/bin/python benchmarks/run.py --quick --no-plot --out /tmp/x.json   # smoke, < 2 min
     .venv/bin/python benchmarks/run.py --only throughput,latency
     .venv/bin/python benchmarks/run.py --only trap,scaling,peers,batch_cost --quick   # < 1 min
+    .venv/bin/python benchmarks/run.py --only first_batch --quick   # fresh drivers, ~2 min
     .venv/bin/python benchmarks/run.py --url postgresql://user@host/db       # an existing server
 
 Starts an embedded PostgreSQL (unless --url) and one local[2] SparkSession, generates the rows
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_cost import measure_batch_cost
+from first_batch import measure_first_batch
+from first_batch import print_table as print_first_batch
 from latency import measure_latency
 from memory import measure_memory
 from overhead import measure_batch_costs, summarize_overhead
@@ -58,6 +61,7 @@ MEASURES = (
     "scaling",
     "peers",
     "batch_cost",
+    "first_batch",
 )
 
 
@@ -87,6 +91,8 @@ class Sizes:
     cost_rounds: int = 2
     cost_warmup: int = 5
     cost_counted_batches: int = 20  # the query whose statements are counted
+    first_rounds: int = 3  # fresh drivers: every sink new and restarted, per round
+    first_rows: int = 10_000  # the first batch's rows (one file)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -113,6 +119,7 @@ class Sizes:
                 cost_rounds=1,
                 cost_warmup=1,
                 cost_counted_batches=3,
+                first_rounds=1,
             )
         rows = args.rows or 1_000_000
         repeat = args.repeat or 3
@@ -226,6 +233,8 @@ class Bench:
             self.record("peers", lambda: self.peers(data.peers))
         if "batch_cost" in self.args.only:
             self.record("batch_cost", self.batch_cost)
+        if "first_batch" in self.args.only:
+            self.record("first_batch", self.first_batch)
 
     def warm_up(self, data: Datasets) -> None:
         """Start the Python workers and JIT the paths once, so no measure pays for it."""
@@ -301,6 +310,13 @@ class Bench:
             self.attempt,
         )
 
+    def first_batch(self) -> dict[str, Any]:
+        """Fresh driver processes of their own (not this run's session): the first batch."""
+        sizes = self.sizes
+        return measure_first_batch(
+            self.url, WORK, sizes.first_rounds, sizes.first_rows, self.attempt
+        )
+
 
 def describe(exc: BaseException) -> str:
     """The exception in a few lines (a Py4J error's first line says nothing)."""
@@ -361,6 +377,8 @@ def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     write_json(results, args.out)  # first: a failure to print or plot loses nothing
     say(f"wrote {args.out}")
     print_report(results)
+    if "first_batch" in results["measures"]:
+        print_first_batch(results["measures"]["first_batch"])
     if not args.no_plot:
         # results.png: measures 1-6; issue 16's measures in results_issue16.png beside it,
         # or in <out>.png when they ran alone
@@ -370,7 +388,7 @@ def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             write_plot(results, plot)
             say(f"wrote {plot}")
             plot = args.out.with_name(args.out.stem + "_issue16.png")
-        if set(results["measures"]) - old:
+        if set(results["measures"]) - old - {"first_batch"}:
             write_round2_plot(results, plot)
             say(f"wrote {plot}")
 

@@ -12,7 +12,7 @@ events.writeStream.foreachBatch(writer.to("public.orders")).start()
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlsink.errors import (
     CommitError,
@@ -23,7 +23,9 @@ from sqlsink.errors import (
     TransientError,
     WriteError,
 )
-from sqlsink.spark.foreach_batch import ForeachBatchWriter
+
+if TYPE_CHECKING:
+    from sqlsink.spark.foreach_batch import ForeachBatchWriter
 
 __version__ = "0.1.0"
 
@@ -38,6 +40,17 @@ __all__ = [
     "WriteError",
     "register",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``sqlsink.ForeachBatchWriter`` is imported when first asked for: every Python worker
+    of ``format("sqlsink")`` imports this package, and none of them needs the writer's
+    modules (tests/unit/test_worker_imports.py)."""
+    if name == "ForeachBatchWriter":
+        from sqlsink.spark.foreach_batch import ForeachBatchWriter
+
+        return ForeachBatchWriter
+    raise AttributeError(f"module 'sqlsink' has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:

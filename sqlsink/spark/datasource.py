@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timezone
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -41,12 +41,17 @@ from pyspark.sql.types import StructType
 
 from sqlsink.core.model import Decision, PartitionOutcome
 from sqlsink.errors import ConfigError, SqlsinkError
-from sqlsink.options import Mode, Semantic, SinkOptions, checkpoint_query_id
-from sqlsink.postgres.target import TargetPlan
 from sqlsink.spark.driver_token import driver_token, run_token
 from sqlsink.spark.notices import check_key_ranges
-from sqlsink.spark.plan import CommitterSession, plan_write
 from sqlsink.spark.support import is_connect
+
+# Every Python worker Spark starts for this source (planning, tasks, the data source's
+# re-creation, commit) is a fresh process that imports this module first: the options,
+# the plan and the PostgreSQL driver are imported where a worker needs them
+# (tests/unit/test_worker_imports.py).
+if TYPE_CHECKING:
+    from sqlsink.options import SinkOptions
+    from sqlsink.postgres.target import TargetPlan
 
 log = logging.getLogger("sqlsink")
 
@@ -90,6 +95,8 @@ class SqlsinkDataSource(DataSource):
             return _planned_here(writer)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqlsinkStreamWriter:
+        from sqlsink.options import checkpoint_query_id
+
         with _sink_error_first():
             options = _parse(dict(self.options))
             sink_id = options.sink_id or checkpoint_query_id(options.checkpoint)
@@ -99,6 +106,8 @@ class SqlsinkDataSource(DataSource):
 
 
 def _parse(given: dict[str, str]) -> SinkOptions:
+    from sqlsink.options import Mode, SinkOptions
+
     options = SinkOptions.parse(given)
     if options.mode is Mode.REPLACE:
         raise ConfigError(
@@ -196,6 +205,8 @@ class _SinkWriter:
     @property
     def target(self) -> TargetPlan:
         if self._target is None:
+            from sqlsink.spark.plan import plan_write
+
             self._target = plan_write(self.options, self.schema, self.check_key, self.sink_id)
         return self._target
 
@@ -224,6 +235,7 @@ class _SinkWriter:
 
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> str | None:
         from sqlsink import driver_log
+        from sqlsink.spark.plan import CommitterSession
 
         driver_log.install()  # the batch's line in the driver's log, unless logging is set up
         outcomes = _outcomes(messages)
@@ -250,6 +262,7 @@ class _SinkWriter:
         """The server's timeouts and slots against this batch's partitions and slowest
         write, when either grew past what this process measured (logged when the verdict
         changes; otherwise the check before the batch already judged the same)."""
+        from sqlsink.options import Semantic
         from sqlsink.postgres.checks import check_after_commit
 
         writes = [o.prepared_at - o.started_at for o in outcomes if o is not None and o.gid]
@@ -290,6 +303,8 @@ class _SinkWriter:
             if query_id is None:
                 _warn_query_unknown(sink_id, batch_id, why)
                 return
+        from sqlsink.spark.plan import CommitterSession
+
         with CommitterSession(self.options, sink_id) as committer:
             committer.abort_batch(
                 batch_id,
@@ -332,6 +347,7 @@ def checkpoint_query(location: str | None) -> tuple[str | None, str]:
     (as the checkpoint check reads it), for at most ``QUERY_READ_TIMEOUT_S``. (None,
     why) when it cannot be read here."""
     from sqlsink.checkpoint.files import display_location, first_line, is_local, join, open_files
+    from sqlsink.options import checkpoint_query_id
 
     if not location:
         return None, "the query has no checkpointLocation option"

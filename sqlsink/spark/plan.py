@@ -15,10 +15,10 @@ from pyspark.sql.types import StructType
 
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, Semantic, SinkOptions
-from sqlsink.postgres.target import TargetPlan
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
+    from sqlsink.postgres.target import TargetPlan
     from sqlsink.spark.batch import Batch
 
 
@@ -28,7 +28,7 @@ def plan_write(
     """Before any data: the server's settings (``key`` names whose warnings these are), the
     commit log, the view's refusals (the target's triggers; an upsert or replace into a
     table that a view of the sink shows), and the target table matched against ``schema``."""
-    from sqlsink.postgres import appnames, views
+    from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
     from sqlsink.postgres.sessions import session
@@ -45,11 +45,16 @@ def plan_write(
             exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
         )
         ensure_schema(conn)
-        # an upsert or replace into a table one of the sink's views shows: before the job
-        owner = sink_id or options.sink_id  # the foreachBatch writer's is in its options
-        where = f"sink {owner}" if owner else f"table {options.table}"
-        views.check_rewrite(conn, options.table, options.mode, owner, where)
         view = options.consistent_view
+        if options.mode is not Mode.APPEND or view is not None:
+            # the views' module only where a view can matter: an append without a view of
+            # its own is refused by none of its checks (views.check_rewrite returns at once)
+            from sqlsink.postgres import views
+        if options.mode is not Mode.APPEND:
+            # an upsert or replace into a table one of the sink's views shows: before the job
+            owner = sink_id or options.sink_id  # the foreachBatch writer's is in its options
+            where = f"sink {owner}" if owner else f"table {options.table}"
+            views.check_rewrite(conn, options.table, options.mode, owner, where)
         if view is not None:  # the tasks' markers must record their xid (schema 5)
             why = f"option consistentView={view}"
             ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
@@ -156,13 +161,10 @@ class CommitterSession:
         self.views = list(views)
 
     def __enter__(self) -> Any:
-        from sqlsink.checkpoint.parse import checkpoint_policy
-        from sqlsink.core.checkpoint_check import CheckpointCheck, EntryPoint
         from sqlsink.core.committer import Committer
         from sqlsink.postgres import appnames
         from sqlsink.postgres.backend import PostgresBackend
         from sqlsink.postgres.sessions import session
-        from sqlsink.postgres.views import ConsistentViews
 
         self._session = session(
             self.options.url,
@@ -173,9 +175,17 @@ class CommitterSession:
         backend = PostgresBackend(self.conn, self.options.lock_timeout_s)
         check = None
         if self.check_checkpoint:
+            from sqlsink.checkpoint.parse import checkpoint_policy
+            from sqlsink.core.checkpoint_check import CheckpointCheck, EntryPoint
+
             policy = checkpoint_policy(self.options.checkpoint, self.options.checkpoint_check)
             entry = EntryPoint.FOREACH_BATCH if self.foreach_batch else EntryPoint.DATA_SOURCE
             check = CheckpointCheck(backend, replace(policy, entry=entry))
+        consistent = None
+        if self.views:  # imported only by a sink with views
+            from sqlsink.postgres.views import ConsistentViews
+
+            consistent = ConsistentViews(backend, self.views)
         return Committer(
             backend,
             self.sink_id,
@@ -183,7 +193,7 @@ class CommitterSession:
             run_timeout_s=self.options.run_timeout_s,
             keep_batches=self.options.keep_batches,
             checkpoint_check=check,
-            view=ConsistentViews(backend, self.views) if self.views else None,
+            view=consistent,
             tables=self.tables,
         )
 
