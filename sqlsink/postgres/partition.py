@@ -17,6 +17,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,10 @@ from sqlsink.core.model import KeyRange, PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
 from sqlsink.errors import ConfigError, SqlsinkError, TransientError, WriteError
 from sqlsink.options import Mode, Semantic, SinkOptions
-from sqlsink.postgres import appnames, commit_log
+from sqlsink.postgres import appnames, commit_log, timing
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.connection import Connection, connect, scrub
+from sqlsink.postgres.connection import Connection, CopySender, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.faults import terminator
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
@@ -60,7 +61,8 @@ def write_partition(
             batch=task.batch_id,
             partition=task.partition_id,
         )
-    rows_iter = iter(batches)
+    times = timing.begin()  # None unless SQLSINK_TIMING_DIR is set (benchmarks)
+    rows_iter = iter(batches) if times is None else times.waited(iter(batches))
     first = _first_nonempty(rows_iter)
     # nothing to write: no transaction, no gid (costs nothing to commit); but an empty
     # replace is a batch that empties the table
@@ -68,6 +70,7 @@ def write_partition(
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
+    connecting = time.perf_counter()
     with session(
         options.url,
         options.password,
@@ -80,6 +83,8 @@ def write_partition(
             start = participant.before_write()
         except psycopg.errors.InsufficientPrivilege as exc:
             raise privilege_error(conn, exc) from None
+        if times is not None:
+            times.add("session", time.perf_counter() - connecting)
         if start.skip or start.adopt:
             counted = sum(b.num_rows for b in rows_iter)  # Spark wants it read
             counted += first.num_rows if first is not None else 0
@@ -88,7 +93,9 @@ def write_partition(
             return _outcome(task, start.adopt, counted, skipped=False, started=started)
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
         given = itertools.chain([first] if first is not None else [], rows_iter)
-        counted = _load(conn, backend, participant, options, target, gid, given)
+        counted = _load(conn, backend, participant, options, target, gid, given, times)
+        if times is not None:
+            times.save(batch=task.batch_id, partition=task.partition_id, rows=counted.rows)
         return _outcome(
             task,
             str(gid) if gid else None,
@@ -114,31 +121,35 @@ def _load(
     target: TargetPlan,
     gid: Gid | None,
     batches: Iterator[pa.RecordBatch],
+    times: timing.PartTimes | None = None,
 ) -> _Counter:
     task = participant.task
     counted = _Counter(batches, target)
     upsert = target.upsert
     staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
     try:
-        conn.execute("BEGIN")
+        with _phase(times, "begin"):
+            conn.execute("BEGIN")
         if options.semantic is Semantic.NONE:
             conn.execute("SET LOCAL synchronous_commit = off")
         if upsert is not None and staging is not None:
             conn.execute(upsert.create_staging(staging, target.columns))
             numbered = _numbered(_cut_mid_copy(counted, conn, task))
-            _copy(conn, staging, upsert.staging_columns(target.columns), numbered)
+            _copy(conn, staging, upsert.staging_columns(target.columns), numbered, times)
             for statement in upsert.apply(target.table, staging, target.columns):
                 conn.execute(statement)
         else:
             if options.mode is Mode.REPLACE:  # the whole table, in the batch's transaction
                 conn.execute(sql.SQL("DELETE FROM {}").format(target.table.identifier()))
-            _copy(conn, target.table, target.columns, _cut_mid_copy(counted, conn, task))
+            given = _cut_mid_copy(counted, conn, task)
+            _copy(conn, target.table, target.columns, given, times)
         if gid is None:
             conn.execute("COMMIT")
             return counted
-        _prepare(conn, backend, task, gid, counted.rows)
+        _prepare(conn, backend, task, gid, counted.rows, times)
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
-        participant.after_prepare(gid)
+        with _phase(times, "after_prepare"):
+            participant.after_prepare(gid)
         return counted
     except psycopg.Error as exc:
         _rollback_quietly(conn)
@@ -156,12 +167,21 @@ def _load(
 
 
 def _prepare(
-    conn: Connection, backend: PostgresBackend, task: TaskIdentity, gid: Gid, rows: int
+    conn: Connection,
+    backend: PostgresBackend,
+    task: TaskIdentity,
+    gid: Gid,
+    rows: int,
+    times: timing.PartTimes | None = None,
 ) -> None:
     """The marker row (same transaction, same xid as the rows), then PREPARE TRANSACTION,
     bounded when a synchronous standby must confirm it."""
-    commit_log.insert_marker(conn, str(gid), task.sink_id, task.batch_id, task.partition_id, rows)
+    with _phase(times, "marker"):
+        commit_log.insert_marker(
+            conn, str(gid), task.sink_id, task.batch_id, task.partition_id, rows
+        )
     with (
+        _phase(times, "prepare"),
         backend.standby.bounded(
             f"{task.where()}: PREPARE TRANSACTION {gid}",
             batch=task.batch_id,
@@ -184,15 +204,25 @@ def _copy(
     table: TableName,
     columns: Sequence[TargetColumn],
     batches: Iterator[pa.RecordBatch],
+    times: timing.PartTimes | None = None,
 ) -> None:
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table.identifier(), names)
     first = next(batches, None)
     if first is None:  # an empty replace: nothing to copy
         return
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        encoder = build_encoder(list(first.schema), list(columns))
-        write_batches(copy, encoder, itertools.chain([first], batches))
+    ending = 0.0
+    with conn.cursor() as cur:
+        with cur.copy(statement, writer=CopySender(cur)) as copy:
+            encoder = build_encoder(list(first.schema), list(columns))
+            write_batches(copy, encoder, itertools.chain([first], batches), times)
+            ending = time.perf_counter()
+        if times is not None:
+            times.add("copy_end", time.perf_counter() - ending)
+
+
+def _phase(times: timing.PartTimes | None, name: str) -> AbstractContextManager[None]:
+    return nullcontext() if times is None else times.phase(name)
 
 
 def _cut_mid_copy(

@@ -95,3 +95,39 @@ def test_a_dataframe_that_does_not_fit_names_each_fix_once(pg_url: str, table: s
         assert str(missing.value).endswith(
             "select/rename the DataFrame's columns to the table's, or alter the table"
         )
+
+
+def test_a_timed_partition_writes_the_same_rows_and_records_every_phase(
+    pg_url: str, pg_server: PgServer, table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLSINK_TIMING_DIR (benchmarks/batch_split.py) takes the timed branches of the write
+    path: the same rows prepared, one record naming every phase; unset, no record."""
+    from sqlsink.postgres.timing import ENV as TIMING_ENV
+
+    sink = f"t-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        ensure_schema(conn)  # type: ignore[arg-type]
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table)))
+        options = SinkOptions.parse({"url": pg_url, "table": table, "sinkId": sink})
+        target = plan_target(conn, options, ["id"], None)  # type: ignore[arg-type]
+        monkeypatch.setenv(TIMING_ENV, str(tmp_path))
+        timed = write_partition(options, target, task(sink, 0), rows(range(5)) + rows(range(5, 9)))
+        monkeypatch.delenv(TIMING_ENV)
+        backend = PostgresBackend(conn)  # type: ignore[arg-type]
+        assert timed.gid is not None
+        backend.insert_decision(sink, 3, [timed.gid], 9, None, "run1")
+        backend.commit_prepared(timed.gid)
+        untimed = TaskIdentity(sink, 4, 0, "run1", 0, 0, query_id=None)
+        plain = write_partition(options, target, untimed, rows(range(9, 12)))
+        assert (timed.rows, plain.rows) == (9, 3)
+        assert plain.gid is not None
+        backend.insert_decision(sink, 4, [plain.gid], 3, None, "run1")
+        backend.commit_prepared(plain.gid)
+        ids = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))
+        assert [r[0] for r in ids] == list(range(12))
+    (path,) = tmp_path.glob("*.jsonl")
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (record["batch"], record["partition"], record["rows"]) == (3, 0, 9)
+    phases = {"arrow_wait", "session", "begin", "encode", "send", "copy_end", "marker"}
+    assert phases | {"prepare", "after_prepare", "total"} == set(record["wall"])
+    assert prepared_transactions(pg_server.admin_url) == []
