@@ -96,6 +96,7 @@ class Sizes:
     # issue 27's measures
     steady_rows: int = 2_000_000  # 8 files, 2 per batch
     steady_repeat: int = 5
+    steady_warmup: int = 2  # rounds before the measured ones (the JVM's JIT)
     guard_batches: int = 20
     guard_warmup: int = 3
     guard_counted_batches: int = 6
@@ -127,6 +128,7 @@ class Sizes:
                 cost_counted_batches=3,
                 steady_rows=args.rows or 8_000,
                 steady_repeat=args.repeat or 1,
+                steady_warmup=0,
                 guard_batches=3,
                 guard_warmup=1,
                 guard_counted_batches=3,
@@ -336,6 +338,7 @@ class Bench:
             sizes.steady_rows,
             sizes.steady_repeat,
             self.attempt,
+            sizes.steady_warmup,
         )
 
     def guard_cost(self) -> dict[str, Any]:

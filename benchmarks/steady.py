@@ -409,7 +409,10 @@ def measure_steady(
     rows: int,
     repeat: int,
     attempt: Callable[[str, Callable[[], Any]], Any],
+    warmup: int = 0,
 ) -> dict[str, Any]:
+    """``warmup`` rounds first, not counted: a fresh JVM's CPU per row falls over its first
+    few full-size runs (the JIT), by half from the first to the fourth."""
     data = ensure_dataset(data_root, "steady", FIRST_ID, rows, FILES)
     imported = imported_from(spark)
     with psycopg.connect(url) as conn:
@@ -423,7 +426,14 @@ def measure_steady(
     steady = Steady(spark, url, data, checkpoints)
     set_logging(url, LOG_SETTINGS)
     rounds: list[dict[str, Any]] = []
+    warm: list[dict[str, Any]] = []
     try:
+        for number in range(warmup):
+            for kind in KINDS:
+                name = f"steady: {kind} (warm-up {number + 1}/{warmup})"
+                got = attempt(name, getattr(steady, kind))
+                if got is not None:
+                    warm.append({"round": number + 1, "kind": kind, "measures": got["measures"]})
         for number in range(repeat):
             order = KINDS[number % 3 :] + KINDS[: number % 3]
             runs: dict[str, dict[str, Any]] = {}
@@ -443,6 +453,8 @@ def measure_steady(
         "files_per_trigger": FILES_PER_TRIGGER,
         "table": TABLE,
         "shared_buffers": shared_buffers,
+        "warmup_rounds": warmup,
+        "warmup": warm,
         "sqlsink_imported": imported,
         "summary": summarize_runs(rounds),
         "rounds": rounds,
