@@ -96,7 +96,7 @@ class Sizes:
     # issue 27's measures
     steady_rows: int = 2_000_000  # 8 files, 2 per batch
     steady_repeat: int = 5
-    steady_warmup: int = 2  # rounds before the measured ones (the JVM's JIT)
+    steady_warmup: int = 3  # rounds before the measured ones (the JVM's JIT)
     guard_batches: int = 20
     guard_warmup: int = 3
     guard_counted_batches: int = 6
