@@ -47,6 +47,7 @@ import psycopg
 from batch_cost import count_statements, run_query, server_log, summarize
 from copyload import reset
 from cpu import REAPED_WORKERS, CpuMeter, postgres_s, watch_postgres
+from psycopg import sql
 from server import TABLE, check_rows
 from streaming import Sink, read_stream, run_available_now
 from throughput import copy_tuples
@@ -230,6 +231,20 @@ def prepared_left(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
     return int(row[0]) if row else 0
+
+
+def roll_back_left(url: str) -> list[str]:
+    """Roll back the prepared transactions left in this database (gids returned). The guard
+    stops a query with a 100 ms trigger, so a batch can be cancelled midway; an older
+    package leaves that batch's prepared transactions for its next run to resolve, and
+    their locks would hold the next measure's ``DROP TABLE`` for good."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ).fetchall()
+        for (gid,) in rows:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    return [str(gid) for (gid,) in rows]
 
 
 def imported_from(spark: Any) -> dict[str, str]:
@@ -481,15 +496,18 @@ def measure_guard_cost(
         lambda: run_query(spark, url, "exactly_once", batches, warmup, checkpoints),
     )
     figures = {k: summarize(v) for k, v in (got or {}).items() if isinstance(v, list)}
+    left = roll_back_left(url)
     result: dict[str, Any] = {
         "rows_per_batch": 10,
         "sinks": {"exactly_once": figures},
         "sqlsink_imported": imported,
+        "rolled_back_after_stop": left,
     }
     counted = attempt(
         "guard cost: statements per batch (log_statement = all)",
         lambda: count_statements(spark, url, counted_batches, checkpoints),
     )
+    result["rolled_back_after_stop"] += roll_back_left(url)
     if counted is not None:
         result["statements"] = counted
     return result
