@@ -24,17 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from workload import Dataset
 
-from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.encoding import build_encoder
-from sqlsink.postgres.encoding.writer import COPY_HEADER, COPY_TRAILER
-
-COLUMNS = [
-    TargetColumn("id", 20, "bigint", True, False),
-    TargetColumn("ts", 1184, "timestamp with time zone", True, False),
-    TargetColumn("n", 23, "integer", True, False),
-    TargetColumn("x", 701, "double precision", True, False),
-    TargetColumn("s", 25, "text", True, False),
-]
 APP = "bench copy"
 
 
@@ -97,7 +86,18 @@ Encoded = list[list[bytes]]  # per COPY statement: its write() buffers
 
 def encode_sessions(table: pa.Table, layout: Layout) -> list[Encoded]:
     """Every session's COPY statements, encoded (not timed)."""
-    encoder = build_encoder(list(table.schema), COLUMNS)
+    # imported here: reset() serves benchmarks run against an older package too
+    from sqlsink.postgres.catalog import TargetColumn
+    from sqlsink.postgres.encoding import build_encoder
+
+    columns = [
+        TargetColumn("id", 20, "bigint", True, False),
+        TargetColumn("ts", 1184, "timestamp with time zone", True, False),
+        TargetColumn("n", 23, "integer", True, False),
+        TargetColumn("x", 701, "double precision", True, False),
+        TargetColumn("s", 25, "text", True, False),
+    ]
+    encoder = build_encoder(list(table.schema), columns)
     sessions = []
     for indices in session_indices(table.num_rows, layout):
         part = table.take(pa.array(indices))
@@ -117,6 +117,8 @@ def encode_sessions(table: pa.Table, layout: Layout) -> list[Encoded]:
 def _load_session(
     url: str, table: str, statements: Encoded, barrier: Any, done: Any, index: int
 ) -> None:
+    from sqlsink.postgres.encoding.writer import COPY_HEADER, COPY_TRAILER
+
     copy_sql = f"COPY {table} (id, ts, n, x, s) FROM STDIN (FORMAT BINARY)"
     with psycopg.connect(url, application_name=APP) as conn:
         conn.execute("SELECT 1")

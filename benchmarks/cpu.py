@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import psutil
 
+REAPED_WORKERS = "python_workers_reaped"
 _postmaster: list[int] = []  # the embedded server's postmaster, when the benchmark runs one
 
 
@@ -73,21 +74,34 @@ def machine_busy_s() -> float:
     return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
-def snapshot() -> tuple[float, dict[int, tuple[str, float]], float | None]:
-    """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's) now; the
+Snapshot = tuple[float, dict[int, tuple[str, float]], float | None, dict[int, int]]
+
+
+def snapshot() -> Snapshot:
+    """(the machine's busy seconds, pid -> (group, CPU seconds), PostgreSQL's, pid -> parent
+    pid) now; the
     server's is read last, once settled. Children of this process that ended and were
-    reaped (forked COPY processes) are one entry, "reaped_children"."""
+    reaped (forked COPY processes) are one entry, "reaped_children"; the Python workers the
+    JVM or pyspark's daemon reaped are REAPED_WORKERS (per reaping process)."""
     me = psutil.Process()
     processes = [me, *me.children(recursive=True)]
     mine = me.cpu_times()
     seen = {-1: ("reaped_children", mine.children_user + mine.children_system)}
+    parents: dict[int, int] = {}
     for process in processes:
         try:
             times = process.cpu_times()
-            seen[process.pid] = (group_of(process), times.user + times.system)
+            group = group_of(process)
+            seen[process.pid] = (group, times.user + times.system)
+            parents[process.pid] = process.ppid()
+            if process.pid != me.pid and group in ("jvm", "python_workers"):
+                # what the JVM and pyspark's daemon reaped: Python workers that ended (a
+                # worker not reused, the data source's planner and commit workers)
+                reaped = times.children_user + times.children_system
+                seen[-process.pid - 1] = (REAPED_WORKERS, reaped)
         except psutil.Error:
             continue
-    return machine_busy_s(), seen, settled_postgres_s()
+    return machine_busy_s(), seen, settled_postgres_s(), parents
 
 
 @dataclass
@@ -101,11 +115,17 @@ class CpuMeter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        busy_before, before, pg_before = self._before
-        busy_after, after, pg_after = snapshot()
+        busy_before, before, pg_before, parents = self._before
+        busy_after, after, pg_after, _ = snapshot()
         groups: Counter[str] = Counter()
         for pid, (group, seconds) in after.items():
             groups[group] += seconds - before.get(pid, (group, 0.0))[1]
+        for pid, (group, seconds) in before.items():
+            parent = parents.get(pid)
+            if pid > 0 and pid not in after and group == "python_workers" and parent in after:
+                # a worker that ended during the run: its whole time is in its (watched)
+                # parent's reaped figure now, its time before the run is not the run's
+                groups[REAPED_WORKERS] -= seconds
         total = busy_after - busy_before
         if pg_before is not None and pg_after is not None:
             groups["postgres"] = pg_after - pg_before

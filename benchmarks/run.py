@@ -8,6 +8,7 @@ interleaved-key trap, scaling, peers and per-batch cost.
     .venv/bin/python benchmarks/run.py --only trap,scaling,peers,batch_cost --quick   # < 1 min
     .venv/bin/python benchmarks/run.py --only first_batch --quick   # fresh drivers, ~2 min
     .venv/bin/python benchmarks/run.py --url postgresql://user@host/db       # an existing server
+    .venv/bin/python benchmarks/run.py --only steady --repeat 5 --no-plot --out /tmp/s.json
 
 Starts an embedded PostgreSQL (unless --url) and one local[2] SparkSession, generates the rows
 once as Parquet under benchmarks/work/data (not timed), runs the measures, prints a table and
@@ -44,6 +45,7 @@ from report import (
 )
 from scaling import measure_scaling
 from server import TABLE, postgres, recreate_table, reset_table, server_facts
+from steady import SERVER_OVERRIDES, measure_guard_cost, measure_steady, print_steady
 from streaming import JDBC_JAR, Sink, read_stream, run_available_now, spark_facts, start_session
 from throughput import methods, run_rounds
 from trap import measure_trap
@@ -62,7 +64,11 @@ MEASURES = (
     "peers",
     "batch_cost",
     "first_batch",
+    "steady",  # issue 27: the steady-state append beside COPY and noop, --repeat runs
+    "guard_cost",  # batch_cost's exactly_once alone, a guard's size (compare.py)
 )
+# measures that run on a server with shared_buffers = 1GB (when run.py starts it)
+ONE_GB = {"steady", "guard_cost"}
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,13 @@ class Sizes:
     cost_counted_batches: int = 20  # the query whose statements are counted
     first_rounds: int = 3  # fresh drivers: every sink new and restarted, per round
     first_rows: int = 10_000  # the first batch's rows (one file)
+    # issue 27's measures
+    steady_rows: int = 2_000_000  # 8 files, 2 per batch
+    steady_repeat: int = 5
+    steady_warmup: int = 3  # rounds before the measured ones (the JVM's JIT)
+    guard_batches: int = 20
+    guard_warmup: int = 3
+    guard_counted_batches: int = 6
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -120,6 +133,12 @@ class Sizes:
                 cost_warmup=1,
                 cost_counted_batches=3,
                 first_rounds=1,
+                steady_rows=args.rows or 8_000,
+                steady_repeat=args.repeat or 1,
+                steady_warmup=0,
+                guard_batches=3,
+                guard_warmup=1,
+                guard_counted_batches=3,
             )
         rows = args.rows or 1_000_000
         repeat = args.repeat or 3
@@ -132,12 +151,16 @@ class Sizes:
             scaling_repeat=repeat,
             peer_rows=max(rows // 2, 1_000),
             peer_repeat=repeat,
+            steady_rows=args.rows or 2_000_000,
+            steady_repeat=args.repeat or 5,
         )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, help="rows of the throughput runs (1,000,000)")
+    parser.add_argument(
+        "--rows", type=int, help="rows of the throughput (1,000,000) and steady (2,000,000) runs"
+    )
     parser.add_argument("--repeat", type=int, help="runs per throughput number, median (3)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--url", help="an existing PostgreSQL (max_prepared_transactions > 0)")
@@ -235,6 +258,10 @@ class Bench:
             self.record("batch_cost", self.batch_cost)
         if "first_batch" in self.args.only:
             self.record("first_batch", self.first_batch)
+        if "guard_cost" in self.args.only:
+            self.record("guard_cost", self.guard_cost)
+        if "steady" in self.args.only:
+            self.record("steady", self.steady)
 
     def warm_up(self, data: Datasets) -> None:
         """Start the Python workers and JIT the paths once, so no measure pays for it."""
@@ -317,6 +344,31 @@ class Bench:
             self.url, WORK, sizes.first_rounds, sizes.first_rows, self.attempt
         )
 
+    def steady(self) -> dict[str, Any]:
+        sizes = self.sizes
+        return measure_steady(
+            self.spark,
+            self.url,
+            WORK / "data",
+            self.checkpoints,
+            sizes.steady_rows,
+            sizes.steady_repeat,
+            self.attempt,
+            sizes.steady_warmup,
+        )
+
+    def guard_cost(self) -> dict[str, Any]:
+        sizes = self.sizes
+        return measure_guard_cost(
+            self.spark,
+            self.url,
+            self.checkpoints,
+            sizes.guard_batches,
+            sizes.guard_warmup,
+            sizes.guard_counted_batches,
+            self.attempt,
+        )
+
 
 def describe(exc: BaseException) -> str:
     """The exception in a few lines (a Py4J error's first line says nothing)."""
@@ -340,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_datasets(sizes)
     results: dict[str, Any] = {"config": {**asdict(sizes), "only": list(args.only)}}
     results["machine"] = machine_facts()
-    with postgres(args.url, WORK / "pg") as url:
+    overrides = SERVER_OVERRIDES if ONE_GB & set(args.only) else None
+    with postgres(args.url, WORK / "pg", overrides) as url:
         recreate_table(url)
         results["postgres"] = server_facts(url)
         bench = run_bench(args, sizes, url, data, results)
@@ -379,6 +432,8 @@ def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     print_report(results)
     if "first_batch" in results["measures"]:
         print_first_batch(results["measures"]["first_batch"])
+    if "steady" in results["measures"]:
+        print_steady(results["measures"]["steady"])
     if not args.no_plot:
         # results.png: measures 1-6; issue 16's measures in results_issue16.png beside it,
         # or in <out>.png when they ran alone
@@ -388,7 +443,7 @@ def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             write_plot(results, plot)
             say(f"wrote {plot}")
             plot = args.out.with_name(args.out.stem + "_issue16.png")
-        if set(results["measures"]) - old - {"first_batch"}:
+        if set(results["measures"]) - old - {"first_batch"} - ONE_GB:
             write_round2_plot(results, plot)
             say(f"wrote {plot}")
 

@@ -26,8 +26,11 @@ SERVER_SETTINGS: dict[str, str | int] = {
 
 
 @contextlib.contextmanager
-def postgres(url: str | None, base_dir: Path) -> Iterator[str]:
-    """Yield the URL of the server to use: ``url``, or a fresh embedded one."""
+def postgres(
+    url: str | None, base_dir: Path, overrides: dict[str, str | int] | None = None
+) -> Iterator[str]:
+    """Yield the URL of the server to use: ``url``, or a fresh embedded one (its settings
+    SERVER_SETTINGS with ``overrides`` over them)."""
     if url is not None:
         yield url
         return
@@ -36,7 +39,7 @@ def postgres(url: str | None, base_dir: Path) -> Iterator[str]:
     # the published figures were measured on PostgreSQL 16: keep runs comparable unless
     # SQLSINK_PG_VERSION asks for another (the embedded server would pick the newest)
     os.environ.setdefault("SQLSINK_PG_VERSION", "16")
-    server = EmbeddedPostgres(base_dir, settings=SERVER_SETTINGS)
+    server = EmbeddedPostgres(base_dir, settings={**SERVER_SETTINGS, **(overrides or {})})
     server.start()
     watch_postgres(int((server.data_dir / "postmaster.pid").read_text().split()[0]))
     try:
