@@ -5,6 +5,9 @@ SparkSession, as a user's job starts) streaming the same small Parquet source wi
 ``trigger(availableNow=True)`` (one file: one batch) into one of
 
 * ``noop``: Spark's own floor;
+* ``drain``: a Python data source that reads its rows and writes nothing
+  (``batch_split.drain_source``): the floor of any Python data source sink, whose
+  planning, tasks and commit Spark runs in Python workers it starts for them;
 * ``jdbc``: Spark's JDBC writer called from ``foreachBatch`` (PostgreSQL's JDBC driver on
   the class path: scripts/ensure-jdbc.sh, or the jar in ~/.m2);
 * ``sqlsink``: ``format("sqlsink")``, ``exactly_once``, append;
@@ -15,7 +18,7 @@ installed once before the rounds, so no round pays for it) and **restarted** (a 
 file added to the source, the same checkpoint, a second driver). Per run: the first
 batch's ``durationMs`` (Spark's progress), the wall time from ``start()`` to the batch's
 rows being visible in the table (polled every 5 ms by a session opened before
-``start()``; for ``noop`` the query's end), and the child's session start. The sinks go
+``start()``; for ``noop`` and ``drain`` the query's end), and the child's session start. The sinks go
 round-robin, rotated each round; medians with min and max.
 
     .venv/bin/python benchmarks/first_batch.py --rounds 5 --out /tmp/first.json
@@ -46,7 +49,8 @@ sys.path.insert(0, str(HERE))
 
 from workload import SPARK_SCHEMA, TABLE_DDL, ensure_dataset  # noqa: E402
 
-SINKS = ("noop", "jdbc", "sqlsink", "writer")
+SINKS = ("noop", "drain", "jdbc", "sqlsink", "writer")
+NO_TABLE = ("noop", "drain")  # sinks with no table: their time is the query's end
 STAGES = ("new", "restarted")
 TABLE = "first_rows"
 CHILD_TIMEOUT_S = 300
@@ -90,6 +94,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     stream = frame.writeStream.option("checkpointLocation", spec["checkpoint"])
     if sink == "noop":
         stream = stream.format("noop")
+    elif sink == "drain":
+        from batch_split import drain_source
+
+        spark.dataSource.register(drain_source())
+        stream = stream.format("bench_drain")
     elif sink == "sqlsink":
         import sqlsink
 
@@ -113,7 +122,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(sink)
     visible: list[float] = []
     poller = None
-    if sink != "noop":
+    if sink not in NO_TABLE:
         conn = psycopg.connect(url, autocommit=True)
         poller = threading.Thread(
             target=poll_rows, args=(conn, spec["table"], spec["expect"], visible), daemon=True
