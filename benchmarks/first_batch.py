@@ -18,8 +18,8 @@ installed once before the rounds, so no round pays for it) and **restarted** (a 
 file added to the source, the same checkpoint, a second driver). Per run: the first
 batch's ``durationMs`` (Spark's progress), the wall time from ``start()`` to the batch's
 rows being visible in the table (polled every 5 ms by a session opened before
-``start()``; for ``noop`` and ``drain`` the query's end), and the child's session start. The sinks go
-round-robin, rotated each round; medians with min and max.
+``start()``; for ``noop`` and ``drain`` the query's end), and the child's session start.
+The sinks go round-robin, rotated each round; medians with min and max.
 
     .venv/bin/python benchmarks/first_batch.py --rounds 5 --out /tmp/first.json
     .venv/bin/python benchmarks/run.py --only first_batch --quick
