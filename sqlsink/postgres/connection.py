@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.copy import QueuedLibpqWriter
 
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres.credentials import PasswordSource, auth_failed, known_passwords
@@ -223,24 +222,3 @@ def why_not_connected(url: str, text: str, sqlstate: str | None) -> str:
             "fix: create it, or correct the database in the url option"
         )
     return f"the server at {where} did not accept the connection; fix: see libpq's reason"
-
-
-# COPY data queued for the sending thread, in chunks of at most 128 KiB (psycopg's
-# MAX_BUFFER_SIZE): 64 of them, at most 8 MiB per COPY beside the batch being encoded
-SEND_QUEUE_CHUNKS = 64
-
-
-class CopySender(QueuedLibpqWriter):
-    """COPY's data sent by a thread of its own (psycopg's ``QueuedLibpqWriter``), so that
-    the partition's thread reads and encodes the next Arrow batch while the last one goes
-    to the server (``benchmarks/batch_split.py``: 4-6% of a batch's wall time on 2 cores).
-
-    Its queue is bounded to ``SEND_QUEUE_CHUNKS`` chunks (psycopg's default holds up to 128
-    MiB): a server slower than the encoder blocks ``write()`` once 8 MiB wait. An error of
-    the sending thread is raised by the next ``write()`` or by the end of the COPY, with its
-    own text; the COPY's end waits for the thread, which every network wait of the session
-    bounds (``BOUNDED_WAITS``), so no thread outlives its COPY."""
-
-    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
-        super().__init__(cursor)
-        self._queue = type(self._queue)(maxsize=SEND_QUEUE_CHUNKS)  # psycopg's, bounded

@@ -35,7 +35,7 @@ from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.postgres import appnames, commit_log, timing
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.connection import Connection, CopySender, connect, scrub
+from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.faults import terminator
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
@@ -213,7 +213,7 @@ def _copy(
         return
     ending = 0.0
     with conn.cursor() as cur:
-        with cur.copy(statement, writer=CopySender(cur)) as copy:
+        with cur.copy(statement) as copy:
             encoder = build_encoder(list(first.schema), list(columns))
             write_batches(copy, encoder, itertools.chain([first], batches), times)
             ending = time.perf_counter()
