@@ -53,6 +53,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sqlsink' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The lazy name too, for completion and ``help()`` (found by an attack)."""
+    return sorted({*globals(), *__all__})
+
+
 def register(spark: Any) -> None:
     """Register the "sqlsink" data source with a SparkSession (PySpark 4.1 or later;
     on older versions a ConfigError names the version and the foreachBatch writer)."""

@@ -285,12 +285,16 @@ def record_metrics(
 ) -> None:
     """Figures only: committed without waiting for their WAL flush (a crash may lose them,
     nothing else), in one round trip and one UPDATE. ``figures`` (version 9; an upgrade
-    to it can be deferred, ``decision_columns``): None keeps those recorded."""
-    columns = "commit_ms = %s, orphans = %s"
+    to it can be deferred, ``decision_columns``): None keeps those recorded, and then
+    commit_ms and orphans too, unless none were (a replayed commit after the first one
+    recorded its figures must not make the row say two commit times)."""
+    columns = "commit_ms = coalesce(commit_ms, %s), orphans = coalesce(orphans, %s)"
     args: list[object] = [commit_ms, orphans]
-    if figures is not None and "figures" in decision_columns(conn):
-        columns += ", figures = %s"
-        args.append(Jsonb(figures.to_json()))
+    if figures is not None:
+        columns = "commit_ms = %s, orphans = %s"
+        if "figures" in decision_columns(conn):
+            columns += ", figures = %s"
+            args.append(Jsonb(figures.to_json()))
     with conn.pipeline(), conn.transaction():
         conn.execute("SET LOCAL synchronous_commit = off")
         conn.execute(

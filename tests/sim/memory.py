@@ -868,10 +868,12 @@ class MemoryBackend:
     ) -> None:
         self._call(f"record metrics {sink_id} batch {batch_id}")
         row = self._log.decisions.get((sink_id, batch_id))
-        if row is not None:
+        if row is not None and figures is not None:
             row.commit_ms, row.orphans = commit_ms, orphans
-            if figures is not None:  # through JSON, as the column holds them
-                row.figures = json.loads(json.dumps(figures.to_json()))
+            row.figures = json.loads(json.dumps(figures.to_json()))  # as the column holds
+        elif row is not None:  # a replay: what the first commit recorded stands
+            row.commit_ms = commit_ms if row.commit_ms is None else row.commit_ms
+            row.orphans = orphans if row.orphans is None else row.orphans
 
     def visible_markers(self, gids: Collection[str]) -> set[str]:
         if not gids:

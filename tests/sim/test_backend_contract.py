@@ -301,7 +301,8 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     harness: Harness, sinks: list[str]
 ) -> None:
     """commit_ms, orphans and the figures land together and read back whole; a later
-    recording without figures (a replay's commit) keeps them."""
+    recording without figures (a replay's commit) keeps them all, so the row never says
+    two commit times; a replay's recording is kept where nothing was recorded before."""
     sink = sinks[0]
     b = harness.session()
     assert b.insert_decision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
@@ -324,7 +325,10 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     assert (figures.partitions, figures.rows, figures.bytes_sent) == (2, 7, None)
     assert figures.prepare_to_decision_ms == 250.0 and figures.completion_ms == 1.75
     b.record_metrics(sink, 0, 2.0, 0)
-    assert harness.metrics(b, sink, 0) == (2.0, 0, figures)
+    assert harness.metrics(b, sink, 0) == (5.0, 1, figures)
+    assert b.insert_decision(sink, 1, [gid(sink, 1, 0)], 1, "q1", "r1")
+    b.record_metrics(sink, 1, 2.0, 0)  # the first commit died before recording
+    assert harness.metrics(b, sink, 1) == (2.0, 0, None)
 
 
 def test_mark_aborted_and_the_fate_of_an_attempt(harness: Harness, sinks: list[str]) -> None:
