@@ -32,12 +32,26 @@ _DATE = "%y/%m/%d %H:%M:%S"
 _lock = threading.Lock()
 
 
+class _SparkLayout(logging.Formatter):
+    """Spark's log4j layout, its level names too: WARN, not Python's WARNING."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno != logging.WARNING:
+            return super().format(record)
+        saved = record.levelname
+        record.levelname = "WARN"
+        try:
+            return super().format(record)
+        finally:
+            record.levelname = saved
+
+
 class _DriverLog(logging.StreamHandler):  # type: ignore[type-arg]
     """The sink's handler while nothing else is set up."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
-        self.setFormatter(logging.Formatter(_FORMAT, _DATE))
+        self.setFormatter(_SparkLayout(_FORMAT, _DATE))
         self.setLevel(logging.INFO)
 
 

@@ -77,3 +77,17 @@ def test_it_steps_aside_once_the_user_sets_logging_up() -> None:
     lines = err.splitlines()
     assert lines[0].endswith(" INFO sqlsink: before")
     assert lines[1:] == ["USER after, a warning"]  # once, by the user's handler only
+
+
+def test_the_layout_says_warn_as_spark_does_and_leaves_the_record_alone() -> None:
+    import logging
+
+    from sqlsink import driver_log
+
+    record = logging.LogRecord("sqlsink", logging.WARNING, __file__, 1, "careful", None, None)
+    layout = driver_log._DriverLog(sys.stderr).formatter
+    assert layout is not None
+    assert " WARN sqlsink: careful" in layout.format(record)
+    assert record.levelname == "WARNING"  # other handlers see Python's own name
+    info = logging.LogRecord("sqlsink", logging.INFO, __file__, 1, "batch 0", None, None)
+    assert " INFO sqlsink: batch 0" in layout.format(info)
