@@ -150,7 +150,8 @@ def test_forget_of_a_mistyped_sink_exits_2_and_lists_the_known_sinks(
     result = sqlsink("forget", "--url", pg_url, "--sink-id", typo)
     assert result.code == 2, result.out + result.err
     said = result.out + result.err
-    assert f"unknown sink {typo} in database" in said and sink in said, said
+    assert f"unknown sink {typo} in database" in said, said
+    assert f"(known sinks: {', '.join(known_sinks(pg_url))})" in said, said  # the first 20
     assert "nothing was removed" in said
     assert ids_of(pg_url, keyed) == [0, 1, 2]
 
@@ -163,10 +164,18 @@ def test_forget_of_a_sink_with_only_its_registration_removes_it(
     writer = Writer(pg_url, keyed, sink, query_id=None, run="r1")
     outcome = writer.write(0, range(3))
     writer.abort(0, [outcome])
-    assert sink in known_sinks(pg_url)
+    assert registered(pg_url, sink)
     time.sleep(1.2)
     result = sqlsink("forget", "--url", pg_url, "--sink-id", sink, "--json")
     assert result.code == 0, result.out + result.err
     assert result.json["forgotten"] is True and result.json["decisions"] == 0
     assert result.json["replay_warning"] is None
-    assert sink not in known_sinks(pg_url)
+    assert not registered(pg_url, sink)
+
+
+def registered(url: str, sink: str) -> bool:
+    """The log has the sink's registration (the suite's database holds many sinks: the
+    listing of the first 20 need not name it)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM sqlsink.sinks WHERE sink_id = %s", (sink,))
+        return bool(row.fetchone()[0])  # type: ignore[index]
