@@ -13,6 +13,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 $(VENV)/.installed: pyproject.toml
 	bash scripts/ensure-java.sh
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-jdbc.sh  # the benchmarks' smoke runs measure Spark's JDBC writer too
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $@

@@ -8,8 +8,8 @@ SparkSession, as a user's job starts) streaming the same small Parquet source wi
 * ``drain``: a Python data source that reads its rows and writes nothing
   (``batch_split.drain_source``): the floor of any Python data source sink, whose
   planning, tasks and commit Spark runs in Python workers it starts for them;
-* ``jdbc``: Spark's JDBC writer called from ``foreachBatch`` (PostgreSQL's JDBC driver on
-  the class path: scripts/ensure-jdbc.sh, or the jar in ~/.m2);
+* ``jdbc``: Spark's JDBC writer called from ``foreachBatch`` (``peers.jdbc_each_batch``;
+  PostgreSQL's JDBC driver on the class path: scripts/ensure-jdbc.sh, run by make setup);
 * ``sqlsink``: ``format("sqlsink")``, ``exactly_once``, append;
 * ``writer``: ``sqlsink.ForeachBatchWriter(...).to(table)``, append;
 
@@ -47,6 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from streaming import JDBC_JAR  # noqa: E402
 from workload import SPARK_SCHEMA, TABLE_DDL, ensure_dataset  # noqa: E402
 
 SINKS = ("noop", "drain", "jdbc", "sqlsink", "writer")
@@ -54,15 +55,6 @@ NO_TABLE = ("noop", "drain")  # sinks with no table: their time is the query's e
 STAGES = ("new", "restarted")
 TABLE = "first_rows"
 CHILD_TIMEOUT_S = 300
-
-
-def jdbc_jar() -> Path | None:
-    """PostgreSQL's JDBC driver: Debian's (scripts/ensure-jdbc.sh), else Maven's cache."""
-    debian = Path("/usr/share/java/postgresql.jar")
-    if debian.is_file():
-        return debian
-    found = sorted(Path.home().glob(".m2/repository/org/postgresql/postgresql/*/*.jar"))
-    return found[-1] if found else None
 
 
 # ---------------------------------------------------------------- the child: one driver
@@ -117,6 +109,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         )
         stream = stream.foreachBatch(writer.to(spec["table"]))
     elif sink == "jdbc":
+        from peers import jdbc_each_batch
+
         stream = stream.foreachBatch(jdbc_each_batch(url, spec["table"]))
     else:
         raise ValueError(sink)
@@ -167,23 +161,6 @@ def poll_rows(conn: Any, table: str, expect: int, visible: list[float]) -> None:
             visible.append(time.perf_counter())
             return
         time.sleep(0.005)
-
-
-def jdbc_each_batch(url: str, table: str) -> Callable[[Any, int], None]:
-    from server import jdbc_target
-
-    jdbc_url, props = jdbc_target(url)
-    options = {
-        "url": jdbc_url + "?reWriteBatchedInserts=true",
-        "dbtable": table,
-        "driver": "org.postgresql.Driver",
-        **props,
-    }
-
-    def each_batch(frame: Any, batch_id: int) -> None:
-        frame.write.format("jdbc").mode("append").options(**options).save()
-
-    return each_batch
 
 
 # ---------------------------------------------------------------- the parent
@@ -239,10 +216,9 @@ def measure_first_batch(
     ``tree``: the source tree whose sqlsink the drivers import (default: this one)."""
     data = ensure_dataset(work / "data", "first", 6_000_000_000, 2 * rows, 2)
     files = sorted(data.path.glob("*.parquet"))
-    jar = jdbc_jar()
     skipped = {}
-    if "jdbc" in sinks and jar is None:
-        skipped["jdbc"] = "no PostgreSQL JDBC jar: run scripts/ensure-jdbc.sh"
+    if "jdbc" in sinks and not JDBC_JAR.is_file():
+        skipped["jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh (make setup)"
         sinks = tuple(s for s in sinks if s != "jdbc")
     install_commit_log(url)  # a new sink, not a new database: every round alike
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
@@ -263,7 +239,7 @@ def measure_first_batch(
                 "source": str(source),
                 "checkpoint": str(checkpoint),
                 "sink_id": f"first-{name}",
-                "jar": str(jar),
+                "jar": str(JDBC_JAR),
                 "tree": tree,
             }
             for stage, file in zip(STAGES, files, strict=True):

@@ -273,7 +273,7 @@ class Bench:
     def throughput(self, rows: Dataset) -> list[dict[str, Any]]:
         jdbc = JDBC_JAR.is_file()
         if not jdbc:
-            self.skipped["jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh (make bench)"
+            self.skipped["jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh (make setup)"
         found = methods(self.spark, self.url, rows, self.checkpoints, jdbc)
         run_rounds(found, self.url, self.sizes.repeat, self.attempt)
         return [method.as_dict(rows.rows) for method in found if method.seconds]
@@ -319,7 +319,9 @@ class Bench:
     def peers(self, data: Dataset) -> dict[str, Any]:
         jdbc = JDBC_JAR.is_file()
         if not jdbc:
-            self.skipped["peers jdbc"] = f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh"
+            self.skipped["peers jdbc"] = (
+                f"{JDBC_JAR} missing: run scripts/ensure-jdbc.sh (make setup)"
+            )
         return measure_peers(
             self.spark, self.url, data, self.checkpoints, self.sizes.peer_repeat, jdbc, self.attempt
         )
