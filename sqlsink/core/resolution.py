@@ -216,11 +216,12 @@ def plan_resolution(
     return plan
 
 
-def whose(txn: PreparedTransaction, database: str, sink_id: str | None) -> Why | None:
-    """Why a prepared transaction is not ours to act on here (foreign, another sink's
-    when ``sink_id`` names one, another database's); None when it is ours. ``status``
-    sorts with this rule too."""
-    gid = Gid.parse(txn.gid)
+def whose(
+    txn: PreparedTransaction, gid: Gid | None, database: str, sink_id: str | None
+) -> Why | None:
+    """Why a prepared transaction (``gid``: its gid parsed) is not ours to act on here
+    (foreign, another sink's when ``sink_id`` names one, another database's); None when
+    it is ours. ``status`` sorts with this rule too."""
     if gid is None:
         return Why.FOREIGN
     if sink_id is not None and gid.sink_id != sink_id:
@@ -239,7 +240,7 @@ def _decide(
     scope: Scope,
     role: str | None,
 ) -> tuple[Action, Why]:
-    if (elsewhere := whose(txn, database, sink_id)) is not None or gid is None:
+    if (elsewhere := whose(txn, gid, database, sink_id)) is not None or gid is None:
         return Action.LEAVE, elsewhere or Why.FOREIGN
     if role is not None and txn.owner != role:
         return Action.LEAVE, Why.OTHER_ROLE

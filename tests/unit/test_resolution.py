@@ -167,7 +167,7 @@ def test_status_and_recover_sort_the_others_by_one_rule() -> None:
         (txn(g(1, 0)), "s1", None),
     ]
     for prepared, sink_id, expected in cases:
-        assert whose(prepared, "shop", sink_id) is expected
+        assert whose(prepared, Gid.parse(prepared.gid), "shop", sink_id) is expected
         plan = plan_resolution([prepared], {}, database="shop", sink_id=sink_id, scope=Scope())
         if expected is not None:
             assert plan.actions[0].why is expected
@@ -197,3 +197,11 @@ def test_no_code_branches_on_a_reasons_words() -> None:
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def test_the_json_contract_page_lists_every_why() -> None:
+    """docs/cli-json.md names each value ``why`` can take, so a new one is documented."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cli-json.md").read_text()
+    assert [w.value for w in Why if f'`"{w.value}"`' not in page] == []
