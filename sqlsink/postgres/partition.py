@@ -17,7 +17,6 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,7 @@ def write_partition(
         now = time.time()
         return _outcome(task, None, 0, skipped=False, started=now)
     started = time.time()
-    connecting = time.perf_counter()
+    connecting = time.perf_counter() if times is not None else 0.0
     with session(
         options.url,
         options.password,
@@ -128,7 +127,7 @@ def _load(
     upsert = target.upsert
     staging = upsert.staging_name(str(gid or uuid.uuid4())) if upsert else None
     try:
-        with _phase(times, "begin"):
+        with timing.phase(times, "begin"):
             conn.execute("BEGIN")
         if options.semantic is Semantic.NONE:
             conn.execute("SET LOCAL synchronous_commit = off")
@@ -148,7 +147,7 @@ def _load(
             return counted
         _prepare(conn, backend, task, gid, counted.rows, times)
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
-        with _phase(times, "after_prepare"):
+        with timing.phase(times, "after_prepare"):
             participant.after_prepare(gid)
         return counted
     except psycopg.Error as exc:
@@ -176,12 +175,12 @@ def _prepare(
 ) -> None:
     """The marker row (same transaction, same xid as the rows), then PREPARE TRANSACTION,
     bounded when a synchronous standby must confirm it."""
-    with _phase(times, "marker"):
+    with timing.phase(times, "marker"):
         commit_log.insert_marker(
             conn, str(gid), task.sink_id, task.batch_id, task.partition_id, rows
         )
     with (
-        _phase(times, "prepare"),
+        timing.phase(times, "prepare"),
         backend.standby.bounded(
             f"{task.where()}: PREPARE TRANSACTION {gid}",
             batch=task.batch_id,
@@ -211,18 +210,13 @@ def _copy(
     first = next(batches, None)
     if first is None:  # an empty replace: nothing to copy
         return
-    ending = 0.0
     with conn.cursor() as cur:
         with cur.copy(statement) as copy:
             encoder = build_encoder(list(first.schema), list(columns))
             write_batches(copy, encoder, itertools.chain([first], batches), times)
-            ending = time.perf_counter()
-        if times is not None:
+            ending = time.perf_counter() if times is not None else 0.0
+        if times is not None:  # the end of COPY: the server's last rows
             times.add("copy_end", time.perf_counter() - ending)
-
-
-def _phase(times: timing.PartTimes | None, name: str) -> AbstractContextManager[None]:
-    return nullcontext() if times is None else times.phase(name)
 
 
 def _cut_mid_copy(

@@ -3,7 +3,7 @@
 Off unless the environment variable ``SQLSINK_TIMING_DIR`` names a directory when the
 partition starts: then ``begin()`` returns a ``PartTimes`` that the write path feeds, and
 ``PartTimes.save`` appends one JSON line per partition to ``<dir>/<pid>.jsonl``. Off,
-``begin()`` returns None and the write path takes its untimed branches: no clock is read.
+``begin()`` returns None and no clock is read for it (``phase`` is then a null context).
 
 Phases (seconds of wall time; ``*_cpu`` the CPU seconds of this thread beside them):
 ``arrow_wait`` blocked in Spark's iterator for the next Arrow batch; ``session`` the
@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 ENV = "SQLSINK_TIMING_DIR"
@@ -78,6 +79,11 @@ class _Phase:
 
     def __exit__(self, *exc: object) -> None:
         self.times.add(self.name, time.perf_counter() - self.wall, time.thread_time() - self.cpu)
+
+
+def phase(times: PartTimes | None, name: str) -> AbstractContextManager[None]:
+    """``times.phase(name)``, or nothing at all when the write is not timed."""
+    return nullcontext() if times is None else times.phase(name)
 
 
 def begin() -> PartTimes | None:

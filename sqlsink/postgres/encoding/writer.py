@@ -11,7 +11,7 @@ import pyarrow as pa
 from sqlsink.errors import ConfigError, WriteError
 from sqlsink.postgres.encoding.fields import _I2, _Encode, _Fields, _ValueProblem
 from sqlsink.postgres.encoding.layout import _assemble
-from sqlsink.postgres.timing import PartTimes
+from sqlsink.postgres.timing import PartTimes, phase
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 COPY_TRAILER = b"\xff\xff"
@@ -89,32 +89,13 @@ def write_batches(
     the header and trailer are written here, once per COPY. Use inside
     ``with cur.copy("COPY ... FROM STDIN (FORMAT BINARY)") as copy:``.
     """
-    if times is not None:
-        return _timed_batches(copy, encoder, batches, times)
     copy.write(COPY_HEADER)
     rows = 0
     for batch in batches:
         if batch.num_rows:
-            copy.write(encoder.encode(batch))
-            rows += batch.num_rows
-    copy.write(COPY_TRAILER)
-    return rows
-
-
-def _timed_batches(
-    copy: CopyWriter,
-    encoder: BinaryCopyEncoder,
-    batches: Iterable[pa.RecordBatch],
-    times: PartTimes,
-) -> int:
-    """``write_batches`` with the encoding and the sending timed apart (benchmarks only)."""
-    copy.write(COPY_HEADER)
-    rows = 0
-    for batch in batches:
-        if batch.num_rows:
-            with times.phase("encode"):
+            with phase(times, "encode"):  # timed apart for benchmarks only (timing.py)
                 buffer = encoder.encode(batch)
-            with times.phase("send"):
+            with phase(times, "send"):
                 copy.write(buffer)
             rows += batch.num_rows
     copy.write(COPY_TRAILER)
