@@ -188,30 +188,30 @@ class Committer:
             # before anything of the batch is committed: a refusal rolls it back
             self.view.keep(sink_id)
         decision = self.backend.decisions(sink_id, [(sink_id, batch_id)]).get((sink_id, batch_id))
-        wrote: tuple[list[PartitionOutcome], float, float] | None = None
+        decided_now: list[PartitionOutcome] | None = None  # when this call wrote the decision
+        decided_at = decision_ms = 0.0
         if decision is None:
             crash_point("before_decision", batch_id)
             started = time.monotonic()
             present, written = self._decide(batch_id, outcomes, query_id, run_id)
             if written:  # (decided meanwhile by another hand-over: its figures stand)
-                wrote = present, self.clock(), (time.monotonic() - started) * 1000
+                decided_now, decided_at = present, self.clock()
+                decision_ms = (time.monotonic() - started) * 1000
             crash_point("after_decision", batch_id)
         decided = time.monotonic()
         # N is decided now and nothing above it (check_forward): N is the highest decided
         scope = Scope.live(run_id, batch_id).knowing(batch_id) if run_id else self.recovery_scope()
         report = self.resolver.resolve(scope, dry_run=False)[1]
         commit_ms = (time.monotonic() - decided) * 1000
-        figures = (
-            None
-            if wrote is None
-            else BatchFigures.of(
-                wrote[0],
-                decided_at=wrote[1],
-                decision_ms=wrote[2],
+        figures = None
+        if decided_now is not None:
+            figures = BatchFigures.of(
+                decided_now,
+                decided_at=decided_at,
+                decision_ms=decision_ms,
                 report=report,
                 commit_ms=commit_ms,
             )
-        )
         # the figures go in the same statement as commit_ms: no round trip more per batch
         self.backend.record_metrics(
             sink_id, batch_id, commit_ms, len(report.rolled_back), figures=figures

@@ -46,16 +46,18 @@ def plan_write(
         )
         ensure_schema(conn)
         view = options.consistent_view
-        if options.mode is not Mode.APPEND or view is not None:
-            # the views' module only where a view can matter: an append without a view of
-            # its own is refused by none of its checks (views.check_rewrite returns at once)
-            from sqlsink.postgres import views
+        # the views' module is imported only where a view can matter (an upsert or a
+        # replace, a view of the sink's own): an append's planning worker needs none of it
         if options.mode is not Mode.APPEND:
+            from sqlsink.postgres.views import check_rewrite
+
             # an upsert or replace into a table one of the sink's views shows: before the job
             owner = sink_id or options.sink_id  # the foreachBatch writer's is in its options
             where = f"sink {owner}" if owner else f"table {options.table}"
-            views.check_rewrite(conn, options.table, options.mode, owner, where)
+            check_rewrite(conn, options.table, options.mode, owner, where)
         if view is not None:  # the tasks' markers must record their xid (schema 5)
+            from sqlsink.postgres import views
+
             why = f"option consistentView={view}"
             ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
         create = table_columns(schema) if options.create_table else None
