@@ -635,6 +635,16 @@ def test_every_name_design_md_cites_exists() -> None:
     )
 
 
+def test_the_parts_table_names_the_newest_migration() -> None:
+    """Section 1.3's row of the commit log's DDL names the range of migrations: a new one
+    in sql/ must move its end (it once said 001-005 when there were 8)."""
+    newest = max(p.name for p in (ROOT / "sql").glob("[0-9][0-9][0-9]_*.sql"))
+    (row,) = [
+        line for line in DESIGN.read_text().splitlines() if line.startswith("| commit log DDL |")
+    ]
+    assert f"`sql/{newest}`" in row, f"the parts table's DDL row does not name sql/{newest}: {row}"
+
+
 def test_each_kind_of_dead_name_is_caught() -> None:
     dead = [
         "`core/nothing.py`",
