@@ -1,6 +1,7 @@
 """docs/DESIGN.md stays true: every name it cites in code formatting exists.
 
-Each backticked token outside fenced blocks is put in the FIRST category below whose
+Each backticked token outside fenced blocks (a span may run over a line break, as in
+Markdown; its words are then joined by one space) is put in the FIRST category below whose
 pattern it has, and checked by that category's rule. A token that has the pattern of a
 code name but passes no check fails the test, with its DESIGN.md line number. No database,
 no Spark: files on disk, the package read with ``ast``, sqlsink/options.py's KNOWN,
@@ -385,15 +386,19 @@ def _index() -> _Index:
 
 
 def _tokens(text: str) -> list[tuple[int, str]]:
-    out: list[tuple[int, str]] = []
+    """(line number, token) of each code span outside fenced blocks; a span may run over
+    a line break (not over a blank line), as Markdown's do: its words joined by a space."""
+    lines: list[str] = []
     fenced = False
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        if not fenced:
-            out += [(number, t) for t in re.findall(r"`([^`]+)`", line)]
-    return out
+    for line in text.splitlines():
+        fence = line.lstrip().startswith("```")
+        fenced = fenced != fence
+        lines.append("" if fence or fenced else line)
+    kept = "\n".join(lines)
+    return [
+        (kept.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split()))
+        for m in re.finditer(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`", kept)
+    ]
 
 
 def _member(index: _Index, cls: _Class, name: str, seen: frozenset[int] = frozenset()) -> bool:
@@ -540,9 +545,10 @@ def _check(index: _Index, token: str) -> str | None:
         return None if f"[{table}]" in (ROOT / "pyproject.toml").read_text() else "no such table"
     if "/" in token or token.split("::")[0].endswith(_FILE_SUFFIXES):
         return _path(index, token)
-    setting = re.fullmatch(rf"({_IDENT}) = \w+", token)
-    if setting:
-        return None if setting.group(1) in _SETTINGS else "not a known server setting"
+    setting = re.fullmatch(rf"({_IDENT}) = (\w+|'[^']*')", token)
+    if setting:  # a server setting, or a column of the commit log given a value
+        name = setting.group(1)
+        return None if name in _SETTINGS or name in index.sql else "no such setting or column"
     assignment = re.fullmatch(rf"({_IDENT})=(.*)", token)
     if assignment:
         name = assignment.group(1)
