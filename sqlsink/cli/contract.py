@@ -294,6 +294,9 @@ class StatusSinkJson(TypedDict):
     checkpoint_check: CheckpointCheckJson | None  # the newest run's; None: not checked yet
     consistent_views: list[ConsistentViewJson]  # the sink's views (option consistentView)
     hidden_batches: list[HiddenBatchJson]  # what those views hide right now, and why
+    # nothing but its registration: no decision, nothing prepared, no run live, no session
+    # (a one-off load that failed before its decision); the report counts it apart
+    never_wrote: bool
 
 
 class ConsistentViewJson(TypedDict):

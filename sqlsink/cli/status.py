@@ -102,6 +102,9 @@ class StatusScan:
         hidden = self._hidden(sink_id, prepared, bool(views))
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
+        never_wrote = not (
+            summary.decisions or incomplete or prepared or live_runs or live_sessions
+        ) and not (holders or hidden or lost or check)
         doc: StatusSinkJson = {
             "sink_id": sink_id,
             "bound_query_id": row.query_id if row else None,
@@ -123,6 +126,7 @@ class StatusScan:
             "checkpoint_check": check,
             "consistent_views": [view_json(v) for v in views],
             "hidden_batches": hidden,
+            "never_wrote": never_wrote,
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
         evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]

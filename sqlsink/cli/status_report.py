@@ -18,13 +18,36 @@ class SinkStatus:
     connected: list[str]  # its sessions and lock holders: evidence only
 
 
+NEVER_WROTE_SHOWN = 10  # the ids the line names; the count says how many more
+
+
 def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
-    """A table of every sink, then the details of those with something to show."""
+    """A table of every sink, then the details of those with something to show.
+
+    A sink with nothing but its registration (``never_wrote``: a one-off load that failed
+    before its decision) is no row of the table but one line after it, with its id and
+    the command that removes it; with --sink-id (``detailed``) it is shown as any sink."""
     if out.json_mode:
         return
-    if not sinks:
+    never = [] if detailed else [s.doc["sink_id"] for s in sinks if s.doc["never_wrote"]]
+    sinks = [s for s in sinks if s.doc["sink_id"] not in never]
+    if not sinks and not never:
         out.line("no sinks in this database")
         return
+    if sinks:
+        _print_table(out, sinks, detailed=detailed)
+    if never:
+        more = len(never) - NEVER_WROTE_SHOWN
+        ids = ", ".join(never[:NEVER_WROTE_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        out.line()
+        out.line(
+            f"registered, never wrote: {len(never)} ({ids}): no decision, nothing prepared, "
+            f"no run live; sqlsink forget --url {out.paste_url} --sink-id <id> removes them"
+            f"{out.paste_note}"
+        )
+
+
+def _print_table(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
     out.line()
     head = [
         "SINK",
