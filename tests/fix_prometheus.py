@@ -134,6 +134,20 @@ class Prometheus:
         data = self.api("query", query=expr)
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 
+    def wait_for_value(self, expr: str, expected: float, timeout_s: float = 30.0) -> None:
+        """Until the query's one series has the value (bounded); else fail with what
+        it had and the server's log."""
+        deadline = time.monotonic() + timeout_s
+        found: list[tuple[dict[str, str], float]] = []
+        while time.monotonic() < deadline:
+            found = self.query(expr)
+            if len(found) == 1 and found[0][1] == expected:
+                return
+            time.sleep(0.2)
+        raise AssertionError(
+            f"{expr}: {found} after {timeout_s:g} s, not {expected}; {self.log()[-1500:]}"
+        )
+
     def target_health(self) -> str | None:
         targets = self.api("targets")["activeTargets"]
         return str(targets[0]["health"]) if targets else None

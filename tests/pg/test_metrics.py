@@ -13,7 +13,6 @@ import contextlib
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -30,7 +29,7 @@ from sqlsink.core.gid import Gid
 from sqlsink.postgres import commit_log, retention
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer
-from tests.fix_prometheus import Prometheus, exporter, prometheus, stop
+from tests.fix_prometheus import exporter, prometheus, stop
 from tests.pg.protocol import Writer, make_table, prepare_by_hand
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -261,31 +260,19 @@ def socket_closed() -> Iterator[int]:
 # -- a real Prometheus scraping the exporter ----------------------------------------------
 
 
-def wait_for_value(server: Prometheus, expr: str, expected: float, timeout_s: float = 30) -> None:
-    """Until the query's one series has the value (bounded); else what it had."""
-    deadline = time.monotonic() + timeout_s
-    found: list[tuple[dict[str, str], float]] = []
-    while time.monotonic() < deadline:
-        found = server.query(expr)
-        if len(found) == 1 and found[0][1] == expected:
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{expr}: {found} after {timeout_s:g} s, not {expected}; {server.log()[-1500:]}")
-
-
 def test_prometheus_scrapes_the_rows_committed_while_the_sink_commits(log_url: str) -> None:
     writer = Writer(log_url, "t", "orders", query_id="q1")
     writer.batch(0, range(0, 5), range(5, 12))
     rows = 'sqlsink_rows_committed_total{job="sqlsink", sink="orders"}'
     with exporter(log_url) as served, prometheus(f"127.0.0.1:{served.port}") as server:
-        wait_for_value(server, 'up{job="sqlsink"}', 1)  # the target scraped, and up
-        wait_for_value(server, "sqlsink_up", 1)
-        wait_for_value(server, rows, 12)
+        server.wait_for_value('up{job="sqlsink"}', 1)  # the target scraped, and up
+        server.wait_for_value("sqlsink_up", 1)
+        server.wait_for_value(rows, 12)
         for batch in range(1, 4):  # batches go on committing while Prometheus scrapes
             writer.batch(batch, range(100 * batch, 100 * batch + 3 * batch))
-        wait_for_value(server, rows, 12 + 3 + 6 + 9)
-        wait_for_value(server, 'sqlsink_batches_committed_total{sink="orders"}', 4)
-        wait_for_value(server, 'sqlsink_commit_seconds_count{sink="orders"}', 4)
+        server.wait_for_value(rows, 12 + 3 + 6 + 9)
+        server.wait_for_value('sqlsink_batches_committed_total{sink="orders"}', 4)
+        server.wait_for_value('sqlsink_commit_seconds_count{sink="orders"}', 4)
         median = server.query(
             'histogram_quantile(0.5, sum by (le) (sqlsink_commit_seconds_bucket{sink="orders"}))'
         )
