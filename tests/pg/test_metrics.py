@@ -1,6 +1,8 @@
 """``sqlsink metrics`` against a real PostgreSQL: the exposition of committed batches and
 of leftovers, totals that retention does not lower, bounded scrapes that fail without
-stopping the server, and ``--once``.
+stopping the server, ``--once``, and a real Prometheus server (Debian's, started by
+``tests/fix_prometheus.py``) scraping the exporter while batches commit, queried through
+its HTTP API.
 
 Batches are committed by the sink's own committer (``tests/pg/protocol.py``'s
 ``Writer``: the tasks and the commit Spark would call), in a database of the test's
