@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	bash scripts/ensure-java.sh
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-jdbc.sh  # the benchmarks' smoke runs measure Spark's JDBC writer too
+	bash scripts/ensure-prometheus.sh  # the metrics tests scrape with a real Prometheus
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $@

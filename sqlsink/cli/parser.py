@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from sqlsink.cli import check, forget, recover, status
+from sqlsink.cli import check, forget, metrics, recover, status
 from sqlsink.cli.connect import SCHEMA_FIX
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import (
@@ -122,10 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(sub)
     _add_check(sub)
     _add_forget(sub)
+    _add_metrics(sub)
     return parser
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
+    _add_connection(p)
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout (see the "
+        "module documentation of sqlsink.cli for its shape)",
+    )
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=os.environ.get("SQLSINK_URL"),
@@ -139,12 +150,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="a command (run without a shell) that prints the password on stdout, "
         "asked at connect and again if the server refuses the password, e.g. "
         "'vault kv get -field=password secret/pg' (default: $SQLSINK_PASSWORD_COMMAND)",
-    )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="one JSON object on stdout (see the "
-        "module documentation of sqlsink.cli for its shape)",
     )
 
 
@@ -303,6 +308,34 @@ def _add_forget(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     _add_common(p)
     p.add_argument("--sink-id", type=_sink_id, required=True, help="the sink to forget")
     p.set_defaults(handler=Command(forget.start, forget.run))
+
+
+def _add_metrics(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "metrics",
+        help="serve the commit log's figures to Prometheus (needs sqlsink[metrics])",
+        description="Serve each sink's batches and rows committed, last batch age, commit "
+        "and write times, prepared, stranded and incomplete transactions and data loss in "
+        "the Prometheus/OpenMetrics text format on http://HOST:PORT/metrics, read from the "
+        "commit log at each scrape (docs/alerts.md lists the series).",
+    )
+    _add_connection(p)
+    p.add_argument(
+        "--listen",
+        type=metrics.listen_address,
+        default=metrics.listen_address(metrics.DEFAULT_LISTEN),
+        metavar="HOST:PORT",
+        help=f"where to serve /metrics (default {metrics.DEFAULT_LISTEN}; port 0: any free one)",
+    )
+    p.add_argument(
+        "--query-timeout",
+        type=metrics.query_timeout,
+        default=5.0,
+        metavar="DURATION",
+        help="statement_timeout of each query of a scrape (default 5s)",
+    )
+    p.add_argument("--once", action="store_true", help="print one exposition on stdout and exit")
+    p.set_defaults(handler=Command(metrics.start, metrics.run), json=False)
 
 
 # -- entry point --------------------------------------------------------------------------
