@@ -1,10 +1,11 @@
-"""``sqlsink``: the on-call tool of the sink: recover, status, check.
+"""``sqlsink``: the on-call tool of the sink: recover, status, check, forget, metrics.
 
     sqlsink recover --url URL [--sink-id ID] [--checkpoint DIR] [--dry-run]
                     [--force --run-id RUN ...] [--lock-timeout 30s] [--json]
     sqlsink status  --url URL [--sink-id ID] [--max-age 5min] [--batches 5] [--json]
     sqlsink check   --url URL [--trigger-interval DURATION] [--json]
     sqlsink forget  --url URL --sink-id ID [--json]
+    sqlsink metrics --url URL [--listen 127.0.0.1:9188] [--query-timeout 5s] [--once]
 
 ``--url`` defaults to the environment variable ``SQLSINK_URL``. Prefer a password in
 ``PGPASSWORD`` or ``~/.pgpass`` to one in the URL (the command line is visible to
