@@ -340,7 +340,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "a command (run without a shell, on the driver and every executor) whose stdout is "
         "the password, e.g. `vault kv get -field=password secret/pg`: asked when a connection "
         "is opened, cached per process, asked again when the server refuses the password "
-        "(rotated)",
+        "(rotated). See [passwords that rotate](../deployment/credentials.md"
+        "#passwords-that-rotate-and-tls)",
     ),
     OptionSpec(
         "passwordProvider",
@@ -369,7 +370,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "semantic",
         "`exactly_once`",
-        "`exactly_once` (two-phase commit), `at_least_once` (each partition commits "
+        "`exactly_once` (2PC), `at_least_once` (each partition commits "
         "directly), `none` (commits directly, without waiting for the WAL flush)",
     ),
     OptionSpec(
@@ -407,19 +408,25 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "runTimeout",
         "`5min`",
         "a run is live while heard from within this, or within 3 × its recent batch interval "
-        "when that is longer; `sqlsink recover` never rolls back a live run's transactions. "
-        "A run is heard from when a task of it starts or prepares, at each commit, and (the "
-        "writer) every `runTimeout`/3 while a `batch()` block is open; the writer refuses a "
-        "value under 3s. Raise it above the longest time a batch goes without any of these "
-        "(your longest task, or a lost shuffle stage that Spark recomputes mid-batch)",
+        "when that is longer (the sink never learns the trigger: it measures the gaps "
+        "between the run's last decisions); `sqlsink recover` never rolls back a live run's "
+        "transactions. A run is heard from when a task of it starts or prepares, at each "
+        "commit, and (foreachBatch writer) every `runTimeout`/3 (1.1 s at the shortest) "
+        "while a `batch()` block is open, so a DataFrame that computes for long while "
+        "another one of the batch is prepared is covered; the writer refuses a `runTimeout` "
+        "under 3s, which those beats could not keep. Raise it above the longest time a "
+        "batch goes without any of these: with the data source, your longest task (once the "
+        "batch's other tasks have prepared, nothing else of it is heard while that one "
+        "runs), or a lost shuffle stage that Spark recomputes mid-batch",
     ),
     OptionSpec(
         "maxPartitions",
         "—",
         "at most this many partitions per batch: each non-empty partition takes a connection "
-        "and a prepared-transaction slot. The writer coalesces each batch to this many; "
-        '`format("sqlsink")` refuses a batch with more (the error says `df.coalesce(N)`), '
-        "and a cap above the server's `max_prepared_transactions` at planning",
+        "and a prepared-transaction slot. The foreachBatch writer coalesces each batch to "
+        'this many; `format("sqlsink")` cannot coalesce its input, so a batch with more is '
+        "refused (nothing committed, the error says `df.coalesce(N)`), and a cap above the "
+        "server's `max_prepared_transactions` is refused at planning",
     ),
     OptionSpec(
         "keepBatches",
@@ -432,9 +439,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "consistentView",
         "—",
         "a view for readers that shows whole batches only (`view` in the table's schema, or "
-        "`schema.view`): created at the first commit, replaced when the table gains a column; "
-        "no other object of that name is touched. Needs `semantic=exactly_once`, "
-        "`mode=append` and a table without insert triggers; a batch load needs a `sinkId`",
+        "`schema.view`): the sink creates it at its first commit, replaces it when the table "
+        "gains a column, "
+        "and refuses to touch any other object of that name. Needs `semantic=exactly_once`, "
+        "`mode=append` and a table without insert triggers; a batch load needs a `sinkId`. "
+        "See [the guarantees](../guarantees.md)",
         writer="per appended table: `to(table, view=...)`, `b.append(df, table, view=...)`",
     ),
     OptionSpec(
@@ -442,8 +451,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "`warn`",
         "at a run's first commit, compare the checkpoint's `commits/` with the commit log (a "
         "failover or restore that lost committed batches stops the query with a data-loss "
-        "error); `warn`: a checkpoint the driver cannot read is logged and shown as "
-        "unverified; `require`: it stops the commit; `off`: never read",
+        "error); `warn`: a checkpoint the driver cannot read (local and `file:` directly, "
+        "others through `pyarrow.fs`) is logged and shown as unverified; `require`: it stops "
+        "the commit; `off`: never read",
     ),
     OptionSpec(
         "transactionTimeout",
