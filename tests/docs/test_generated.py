@@ -4,13 +4,17 @@ without running it again fails here."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import typing
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from sqlsink.cli import contract
 from sqlsink.options import OPTIONS, OptionSpec
-from tests.docs.pages import gen_docs
+from tests.docs.pages import REPO, gen_docs
 
 
 def test_the_generated_pages_are_what_the_code_generates() -> None:
@@ -47,3 +51,20 @@ def test_every_flag_of_the_parser_is_on_the_cli_page() -> None:
     page = gen_docs().cli_page()
     for flag in ("--url", "--commit-lost", "--mark-skipped", "--max-age", "--partitions"):
         assert f"`{flag} " in page or f"`{flag}`" in page, flag
+
+
+def test_the_wheel_carries_the_json_contract(tmp_path: Path) -> None:
+    """Where the CLI runs, its --json contract is at hand: sqlsink/cli/json-contract.md."""
+    build = "import sys, hatchling.build as b; print(b.build_wheel(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    wheel = tmp_path / done.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("sqlsink/cli/json-contract.md").decode()
+    assert shipped == (REPO / "docs" / "reference" / "json.md").read_text(encoding="utf-8")
