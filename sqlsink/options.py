@@ -308,10 +308,9 @@ class OptionSpec:
 
 
 _TLS_MEANING = (
-    "libpq's TLS parameter, passed to libpq unchanged (it overrides the URL's, where it may "
-    "also be given): e.g. `sslmode=verify-full` with `sslrootcert=/path/ca.crt`; "
-    "`sslcert`/`sslkey` for client-certificate logins. Files must exist on the driver and "
-    "every executor"
+    "TLS, passed to libpq unchanged (they override the URL's, where they may also be "
+    "given): e.g. `sslmode=verify-full` with `sslrootcert=/path/ca.crt`; `sslcert`/`sslkey` "
+    "for client-certificate logins. The files must exist on the driver and every executor"
 )
 
 OPTIONS: tuple[OptionSpec, ...] = (
