@@ -5,6 +5,7 @@ command; and a broken link does fail it (the second test)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,3 +50,25 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     done = build(copy, tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stderr
+
+
+def test_the_readmes_links_lead_to_pages() -> None:
+    """README.md is outside the site, so mkdocs does not check it: every relative link of
+    it names a file of the repository, and an anchor a heading of that page."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", readme):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        page = REPO / path
+        missing = not page.is_file()
+        if missing or (anchor and anchor not in _anchors(page.read_text(encoding="utf-8"))):
+            broken.append(target)
+    assert broken == []
+
+
+def _anchors(page: str) -> set[str]:
+    """The ids MkDocs gives the page's headings (lower case, words joined by '-')."""
+    headings = re.findall(r"^#+ (.+)$", page, re.M)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in headings}
