@@ -289,3 +289,187 @@ def checkpoint_query_id(checkpoint: str | None) -> str | None:
     except (OSError, IndexError, ValueError, KeyError, TypeError):
         return None
     return str(query_id)
+
+
+# -- the options' one definition: docs/reference/options.md is generated from it ----------
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """An option as the user sees it (scripts/gen_docs.py writes the reference from these;
+    tests/unit/test_docs_options.py checks that they cover exactly ``KNOWN``)."""
+
+    name: str  # the shown name, as KNOWN maps it
+    default: str  # as the reference says it ("required", "—": none)
+    meaning: str
+    # how the foreachBatch writer takes it: a keyword of its own ("keyword"), or as said
+    writer: str = "keyword"
+    backends: tuple[str, ...] = ("PostgreSQL",)
+
+
+_TLS_MEANING = (
+    "TLS, passed to libpq unchanged (they override the URL's, where they may also be "
+    "given): e.g. `sslmode=verify-full` with `sslrootcert=/path/ca.crt`; `sslcert`/`sslkey` "
+    "for client-certificate logins. The files must exist on the driver and every executor"
+)
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "url",
+        "required",
+        "libpq URI or `key=value` conninfo (a `jdbc:` prefix is accepted); a multi-host URL "
+        "with `target_session_attrs=read-write` follows a failover",
+        writer="`url=` argument",
+    ),
+    OptionSpec(
+        "table",
+        "required",
+        '`table`, `schema.table`, or `"Quoted"."Names"`',
+        writer="per DataFrame: `to(table)`, `b.append(df, table)`",
+    ),
+    OptionSpec(
+        "password",
+        "—",
+        "else from the URL or libpq's environment (`PGPASSWORD`, `.pgpass`); never shown in "
+        "errors, logs or the commit log",
+    ),
+    OptionSpec(
+        "passwordCommand",
+        "—",
+        "a command (run without a shell, on the driver and every executor) whose stdout is "
+        "the password, e.g. `vault kv get -field=password secret/pg`: asked when a connection "
+        "is opened, cached per process, asked again when the server refuses the password "
+        "(rotated). See [passwords that rotate](../deployment/credentials.md"
+        "#passwords-that-rotate-and-tls)",
+    ),
+    OptionSpec(
+        "passwordProvider",
+        "—",
+        "the same from a Python function, `module:function` (no arguments, returns the "
+        "password; importable on the executors too)",
+    ),
+    OptionSpec(
+        "passwordCacheSeconds",
+        "`300`",
+        "how long a process reuses the password of `passwordCommand`/`passwordProvider` (a "
+        "duration: `300`, `5min`; `0`: ask at every connect)",
+    ),
+    OptionSpec("sslmode", "libpq's", _TLS_MEANING),
+    OptionSpec("sslrootcert", "libpq's", _TLS_MEANING),
+    OptionSpec("sslcert", "libpq's", _TLS_MEANING),
+    OptionSpec("sslkey", "libpq's", _TLS_MEANING),
+    OptionSpec(
+        "sinkId",
+        "the streaming query's id (from the checkpoint's `metadata`)",
+        "names the sink in transaction ids and the commit log; 1–64 letters, digits, `-`. "
+        "One writer per sink id: another writer reusing it is refused. A batch load with "
+        "a `sinkId` is idempotent",
+        writer="`sink_id=` argument (required)",
+    ),
+    OptionSpec(
+        "semantic",
+        "`exactly_once`",
+        "`exactly_once` (2PC), `at_least_once` (each partition commits "
+        "directly), `none` (commits directly, without waiting for the WAL flush)",
+    ),
+    OptionSpec(
+        "mode",
+        "`append`",
+        "`append`: binary `COPY` into the target; `upsert`: by key, last row of a key in the "
+        "batch wins; `replace` (the writer only): the batch replaces every row",
+        writer="per DataFrame: `to(table, mode=...)`, `b.upsert`, `b.replace`",
+    ),
+    OptionSpec(
+        "keyColumns",
+        "the table's primary key",
+        "upsert key; a unique index on exactly these columns must exist",
+        writer="per DataFrame: `key=[...]`",
+    ),
+    OptionSpec(
+        "deleteColumn",
+        "—",
+        "upsert: a boolean DataFrame column; `true` deletes the key (change data capture)",
+        writer="per DataFrame: `delete_column=`",
+    ),
+    OptionSpec(
+        "createTable",
+        "`false`",
+        "create a missing target from the DataFrame's schema (SQLAlchemy DDL)",
+    ),
+    OptionSpec(
+        "lockTimeout",
+        "`60s`",
+        "`lock_timeout` of every sink session: partition transactions and the sink lock wait "
+        "at most this long; the error names who holds the lock (a prepared transaction, with "
+        "the `sqlsink recover` that resolves it) and the fix",
+    ),
+    OptionSpec(
+        "runTimeout",
+        "`5min`",
+        "a run is live while heard from within this, or within 3 × its recent batch interval "
+        "when that is longer (the sink never learns the trigger: it measures the gaps "
+        "between the run's last decisions); `sqlsink recover` never rolls back a live run's "
+        "transactions. A run is heard from when a task of it starts or prepares, at each "
+        "commit, and (foreachBatch writer) every `runTimeout`/3 (1.1 s at the shortest) "
+        "while a `batch()` block is open, so a DataFrame that computes for long while "
+        "another one of the batch is prepared is covered; the writer refuses a `runTimeout` "
+        "under 3s, which those beats could not keep. Raise it above the longest time a "
+        "batch goes without any of these: with the data source, your longest task (once the "
+        "batch's other tasks have prepared, nothing else of it is heard while that one "
+        "runs), or a lost shuffle stage that Spark recomputes mid-batch",
+    ),
+    OptionSpec(
+        "maxPartitions",
+        "—",
+        "at most this many partitions per batch: each non-empty partition takes a connection "
+        "and a prepared-transaction slot. The foreachBatch writer coalesces each batch to "
+        'this many; `format("sqlsink")` cannot coalesce its input, so a batch with more is '
+        "refused (nothing committed, the error says `df.coalesce(N)`), and a cap above the "
+        "server's `max_prepared_transactions` is refused at planning",
+    ),
+    OptionSpec(
+        "keepBatches",
+        "`1000`",
+        "decisions kept in the commit log per sink: every 100th batch the complete decisions "
+        "more than this many batches old are pruned (the highest decided batch and any "
+        "incomplete one always stay)",
+    ),
+    OptionSpec(
+        "consistentView",
+        "—",
+        "a view for readers that shows whole batches only (`view` in the table's schema, or "
+        "`schema.view`): the sink creates it at its first commit, replaces it when the table "
+        "gains a column, "
+        "and refuses to touch any other object of that name. Needs `semantic=exactly_once`, "
+        "`mode=append` and a table without insert triggers; a batch load needs a `sinkId`. "
+        "See [the guarantees](../guarantees.md)",
+        writer="per appended table: `to(table, view=...)`, `b.append(df, table, view=...)`",
+    ),
+    OptionSpec(
+        "checkpointCheck",
+        "`warn`",
+        "at a run's first commit, compare the checkpoint's `commits/` with the commit log (a "
+        "failover or restore that lost committed batches stops the query with a data-loss "
+        "error); `warn`: a checkpoint the driver cannot read (local and `file:` directly, "
+        "others through `pyarrow.fs`) is logged and shown as unverified; `require`: it stops "
+        "the commit; `off`: never read",
+    ),
+    OptionSpec(
+        "transactionTimeout",
+        "—",
+        "as in Flink: the time a batch's transactions may stay open (first write → `COMMIT "
+        "PREPARED`)",
+    ),
+    OptionSpec(
+        "transactionTimeoutWarningRatio",
+        "`0.8`",
+        "warn when a transaction was open longer than this share of `transactionTimeout`",
+    ),
+    OptionSpec(
+        "ignoreCommitFailuresAfterTransactionTimeout",
+        "`false`",
+        "as in Flink: a decided transaction that is gone, decided longer than "
+        "`transactionTimeout` ago, is logged as probable data loss and skipped instead of "
+        "failing every restart",
+    ),
+)

@@ -27,7 +27,7 @@ Exit codes (every command)
 
 JSON output (``--json``): one object on stdout whose shape, ``"version": 1``, is the
 ``TypedDict``s of ``sqlsink.cli.contract`` (checked by mypy, and against real output by
-``tests/pg/test_cli_contract.py``); ``docs/cli-json.md`` documents it for users.
+``tests/pg/test_cli_contract.py``); ``docs/reference/json.md`` documents it for users.
 
 Human output goes to stdout; progress, notes and one-line errors go to stderr.
 

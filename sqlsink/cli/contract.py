@@ -11,7 +11,7 @@ Versioning (``JSON_VERSION``, the ``version`` key): keys may be added under the 
 version; renaming or removing a key, or changing its type, bumps the version.
 
 Timestamps are ``datetime`` here and ISO-8601 strings in the JSON. Users' reference:
-``docs/cli-json.md``; ``tests/pg/test_cli_contract.py`` checks real output against
+``docs/reference/json.md``; ``tests/pg/test_cli_contract.py`` checks real output against
 these types.
 """
 

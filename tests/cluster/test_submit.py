@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "submit-env"
 VENV_BIN = str(Path(sys.executable).parent)
 
-# README "Running on a cluster", line by line (test_the_readme_holds_this_recipe)
+# docs/deployment/index.md "Running on a cluster", line by line (test_the_readme_holds_this_recipe)
 WHEEL = "sqlsink-0.1.0-py3-none-any.whl"
 BUILD = [
     "pip wheel --no-deps -w dist .",
@@ -270,7 +270,7 @@ def submitted(
 
 
 def test_the_readme_holds_this_recipe() -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "deployment" / "index.md").read_text()
     section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
     lines = {line.strip().rstrip("\\").strip() for line in section.splitlines()}
     for line in [*BUILD, UNPACK]:

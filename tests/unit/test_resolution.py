@@ -200,8 +200,8 @@ def test_no_code_branches_on_a_reasons_words() -> None:
 
 
 def test_the_json_contract_page_lists_every_why() -> None:
-    """docs/cli-json.md names each value ``why`` can take, so a new one is documented."""
+    """docs/reference/json.md names each value ``why`` can take, so a new one is documented."""
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "cli-json.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs/reference/json.md").read_text()
     assert [w.value for w in Why if f'`"{w.value}"`' not in page] == []
