@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PreparedTransaction
+from sqlsink.core.model import NewDecision, PreparedTransaction
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import checkpoint_records, locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
@@ -459,13 +459,15 @@ class Decider:
     def _write(self, request: Request, gids: list[str]) -> None:
         runs = {g.run_id for x in gids if (g := Gid.parse(x)) is not None}
         self.backend.insert_decision(
-            self.sink_id,
-            request.batch_id,
-            gids,
-            0,  # the rows are in the prepared transactions, unreadable until committed
-            self.query_id,
-            runs.pop() if len(runs) == 1 else None,
-            partitions=len(gids),
+            NewDecision(
+                self.sink_id,
+                request.batch_id,
+                tuple(gids),
+                0,  # the rows are in the prepared transactions, unreadable until committed
+                self.query_id,
+                runs.pop() if len(runs) == 1 else None,
+                partitions=len(gids),
+            )
         )
 
 

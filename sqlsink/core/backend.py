@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from sqlsink.core.model import BatchFigures, Binding, Decision, PreparedTransaction
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    NewDecision,
+    PreparedTransaction,
+)
 
 
 class TwoPhaseBackend(Protocol):
@@ -91,19 +97,7 @@ class TwoPhaseBackend(Protocol):
         tasks is connected: (the pids connected at first, the pids still connected)."""
         ...
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
         """Write the decision (durably) unless one exists; True if this call wrote it."""
         ...
 

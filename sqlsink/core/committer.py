@@ -34,7 +34,13 @@ from sqlsink.core.admission import check_binding, check_forward, fenced_error, r
 from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
 from sqlsink.core.checkpoint_check import CheckpointCheck, lost_decision_error
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    NewDecision,
+    PartitionOutcome,
+    ResolutionReport,
+)
 from sqlsink.core.resolution import Plan, Scope
 from sqlsink.core.resolver import Resolver, TimeoutPolicy
 from sqlsink.errors import CommitError
@@ -263,15 +269,17 @@ class Committer:
         present = self._decidable(batch_id, outcomes, run_id)
         written = [o for o in present if o.gid is not None]
         wrote = self.backend.insert_decision(
-            self.required_sink(),
-            batch_id,
-            [o.gid for o in written if o.gid is not None],
-            sum(o.rows for o in present),
-            query_id,
-            run_id,
-            partitions=len(written),
-            first_write_at=min((o.started_at for o in written), default=None),
-            tables=self.tables,
+            NewDecision(
+                self.required_sink(),
+                batch_id,
+                tuple(o.gid for o in written if o.gid is not None),
+                sum(o.rows for o in present),
+                query_id,
+                run_id,
+                partitions=len(written),
+                first_write_at=min((o.started_at for o in written), default=None),
+                tables=self.tables,
+            )
         )
         return present, wrote
 

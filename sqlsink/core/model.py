@@ -136,6 +136,26 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class NewDecision:
+    """A decision to write (``TwoPhaseBackend.insert_decision``): exactly these gids are
+    committed, and what the batch was. ``gids`` and ``tables`` are kept as tuples."""
+
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    query_id: str | None
+    run_id: str | None
+    partitions: int | None = None  # the partitions that wrote (None: not recorded)
+    first_write_at: float | None = None  # seconds since the epoch: the batch's first write
+    tables: tuple[str, ...] = ()  # the tables the batch wrote (schema.name)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gids", tuple(self.gids))
+        object.__setattr__(self, "tables", tuple(self.tables))
+
+
+@dataclass(frozen=True)
 class PartitionFigures:
     """One partition's share of a batch: its rows and its write time (first write to
     PREPARE, from the partition's own timestamps)."""

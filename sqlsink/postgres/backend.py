@@ -4,7 +4,7 @@ the sink lock and the server's prepared transactions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 
 import psycopg
@@ -17,6 +17,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    NewDecision,
     PreparedTransaction,
     TaskState,
 )
@@ -152,32 +153,10 @@ class PostgresBackend:
                 return seen, pids
             time.sleep(0.05)
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
+        batch_id = decision.batch_id
         with self.standby.bounded(f"the decision of batch {batch_id}", batch=batch_id):
-            return commit_log.insert_decision(
-                self.conn,
-                sink_id,
-                batch_id,
-                gids,
-                rows,
-                query_id,
-                run_id,
-                partitions=partitions,
-                first_write_at=first_write_at,
-                tables=tables,
-            )
+            return commit_log.insert_decision(self.conn, decision)
 
     def commit_prepared(self, gid: str) -> bool:
         return self._finish("COMMIT PREPARED {}", gid)

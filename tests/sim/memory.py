@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -45,6 +45,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    NewDecision,
     PreparedTransaction,
     TaskState,
 )
@@ -816,19 +817,9 @@ class MemoryBackend:
         self.session.live_read = frozenset(run for _, run in live)
         return live
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
+        sink_id, batch_id, gids = decision.sink_id, decision.batch_id, decision.gids
+        query_id = decision.query_id
         self._call(f"insert decision {sink_id} batch {batch_id} {sorted(gids)}")
         self.server.cut()  # a standby's WAL may end just before this decision
         log, now = self._log, self._now()
@@ -843,15 +834,15 @@ class MemoryBackend:
         row = DecisionRow(
             sink_id,
             batch_id,
-            tuple(gids),
-            rows,
+            gids,
+            decision.rows,
             query_id,
-            run_id,
+            decision.run_id,
             now,
             now if not gids else None,
-            partitions,
-            first_write_at,
-            tables=tuple(tables) or None,
+            decision.partitions,
+            decision.first_write_at,
+            tables=decision.tables or None,
         )
         self.server.hooks.on_insert_decision(self.session, row)
         log.decisions[(sink_id, batch_id)] = row

@@ -20,7 +20,13 @@ from psycopg import sql
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    NewDecision,
+    PartitionOutcome,
+    ResolutionReport,
+)
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
@@ -256,9 +262,9 @@ def test_bind_and_binding(harness: Harness, sinks: list[str]) -> None:
     # a row made by a run's registration binds to the first decision's writer
     b.register_run(other, "r1", 60, holds_lock=False)
     assert b.binding(other) == Binding("unknown")
-    assert b.insert_decision(other, 0, [], 0, "q7", "r1")
+    assert b.insert_decision(NewDecision(other, 0, [], 0, "q7", "r1"))
     assert b.binding(other) == Binding("stream", "q7")
-    assert b.insert_decision(other, 1, [], 0, None, "r1")
+    assert b.insert_decision(NewDecision(other, 1, [], 0, None, "r1"))
     assert b.binding(other) == Binding("stream", "q7")  # a bound sink keeps its writer
 
 
@@ -271,12 +277,14 @@ def test_insert_decision_once_highest_and_incomplete_decisions(
     harness.prepare(g2)
     b = harness.session()
     assert b.highest_decided(sink) is None
-    assert b.insert_decision(sink, 3, [g1], 5, "q1", "r1")
-    assert not b.insert_decision(sink, 3, [g2], 9, "q1", "r1")  # one decision per batch
+    assert b.insert_decision(NewDecision(sink, 3, [g1], 5, "q1", "r1"))
+    assert not b.insert_decision(
+        NewDecision(sink, 3, [g2], 9, "q1", "r1")
+    )  # one decision per batch
     decided = b.decisions(sink, [(sink, 3)])[(sink, 3)]
     assert (decided.gids, decided.rows, decided.complete) == (frozenset([g1]), 5, False)
     assert (decided.query_id, decided.run_id) == ("q1", "r1")
-    assert b.insert_decision(sink, 4, [], 0, "q1", "r1")  # nothing to commit: complete
+    assert b.insert_decision(NewDecision(sink, 4, [], 0, "q1", "r1"))  # nothing to commit: complete
     assert set(b.decisions(sink)) == {(sink, 3)}  # the incomplete ones, unasked
     assert b.decisions(sink, [(sink, 4)])[(sink, 4)].complete
     assert (sink, 3) in b.decisions(None)
@@ -305,7 +313,9 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     two commit times; a replay's recording is kept where nothing was recorded before."""
     sink = sinks[0]
     b = harness.session()
-    assert b.insert_decision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
+    assert b.insert_decision(
+        NewDecision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
+    )
 
     def outcome(partition: int, rows: int, started: float, prepared: float) -> PartitionOutcome:
         g = gid(sink, 0, partition)
@@ -326,7 +336,7 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     assert figures.prepare_to_decision_ms == 250.0 and figures.completion_ms == 1.75
     b.record_metrics(sink, 0, 2.0, 0)
     assert harness.metrics(b, sink, 0) == (5.0, 1, figures)
-    assert b.insert_decision(sink, 1, [gid(sink, 1, 0)], 1, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 1, [gid(sink, 1, 0)], 1, "q1", "r1"))
     b.record_metrics(sink, 1, 2.0, 0)  # the first commit died before recording
     assert harness.metrics(b, sink, 1) == (2.0, 0, None)
 
@@ -344,7 +354,7 @@ def test_mark_aborted_and_the_fate_of_an_attempt(harness: Harness, sinks: list[s
     assert not b.attempt_fate(sink, "r1", 3, mine).aborted
     assert not b.attempt_fate(sink, "r9", 2, mine).aborted  # another run
     harness.prepare(mine)
-    b.insert_decision(sink, 2, [mine], 1, "q1", "r1")
+    b.insert_decision(NewDecision(sink, 2, [mine], 1, "q1", "r1"))
     assert b.attempt_fate(sink, "r1", 2, mine).named is True
     assert b.attempt_fate(sink, "r1", 2, late).named is False
     assert b.commit_prepared(mine)
@@ -374,9 +384,9 @@ def test_a_run_is_live_for_three_times_its_batch_interval(
     sink = sinks[0]
     b = harness.session()
     b.register_run(sink, "rA", 0.05, holds_lock=False)
-    assert b.insert_decision(sink, 0, [], 0, "q1", "rA")
+    assert b.insert_decision(NewDecision(sink, 0, [], 0, "q1", "rA"))
     harness.sleep(0.4)
-    assert b.insert_decision(sink, 1, [], 0, "q1", "rA")
+    assert b.insert_decision(NewDecision(sink, 1, [], 0, "q1", "rA"))
     assert set(b.live_runs(sink)) == {(sink, "rA")}  # heard from 0.4 s ago; timeout 1.2 s
     b.register_run(sink, "rB", 0.05, holds_lock=False)  # no decisions: runTimeout only
     harness.sleep(0.2)
@@ -429,7 +439,7 @@ def test_no_plain_statement_erases_an_incomplete_decision(
     harness.prepare(g)
     b = harness.session()
     b.register_run(sink, "r1", 0.05, holds_lock=False)
-    assert b.insert_decision(sink, 0, [g], 1, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 0, [g], 1, "q1", "r1"))
     assert refused(lambda: harness.delete_sink(b, sink))
     assert refused(lambda: harness.delete_decisions(b, sink))
     with pytest.raises(ConfigError):  # prepared, and incomplete
@@ -476,9 +486,9 @@ def test_prune_keeps_incomplete_decisions(harness: Harness, sinks: list[str]) ->
     g = gid(sink, 1)
     harness.prepare(g)
     b = harness.session()
-    assert b.insert_decision(sink, 0, [], 0, "q1", "r1")
-    assert b.insert_decision(sink, 1, [g], 1, "q1", "r1")
-    assert b.insert_decision(sink, 2, [], 0, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 0, [], 0, "q1", "r1"))
+    assert b.insert_decision(NewDecision(sink, 1, [g], 1, "q1", "r1"))
+    assert b.insert_decision(NewDecision(sink, 2, [], 0, "q1", "r1"))
     assert b.prune_decisions(sink, 1) == 1  # batch 0; batch 1 is incomplete
     assert set(b.decisions(sink, [(sink, 0), (sink, 1), (sink, 2)])) == {(sink, 1), (sink, 2)}
     assert b.commit_prepared(g)
@@ -514,7 +524,7 @@ def test_the_checkpoint_checks_ledger(harness: Harness, sinks: list[str]) -> Non
     assert b.run_check(sink, "r1") == RunCheck(False, None)
     assert b.coverage(sink, [0, 1]) == LogCoverage(None, None, frozenset())
     for batch in (2, 3, 4):
-        assert b.insert_decision(sink, batch, [], 0, "q1", "r1")
+        assert b.insert_decision(NewDecision(sink, batch, [], 0, "q1", "r1"))
     assert b.coverage(sink, [1, 2, 4, 5]) == LogCoverage(2, None, frozenset({2, 4}))
     b.record_check(sink, "r1", 5, "file:/cp", Verdict("loss", "batch 1 lost", (1,)))
     assert b.run_check(sink, "r1") == RunCheck(True, 4)
