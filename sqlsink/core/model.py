@@ -136,6 +136,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LockTake:
+    """How a take of the sink lock went (``TwoPhaseBackend.acquire_sink_lock``)."""
+
+    held: bool  # this session holds the lock now
+    waited: bool = False  # it was held by another session when first tried
+    ended: tuple[int, ...] = ()  # sessions of fenced runs that held it, ended (pids)
+
+
+@dataclass(frozen=True)
 class NewDecision:
     """A decision to write (``TwoPhaseBackend.insert_decision``): exactly these gids are
     committed, and what the batch was. ``gids`` and ``tables`` are kept as tuples."""
@@ -324,3 +333,5 @@ class ResolutionReport:
     lost: list[tuple[int, str]] = field(default_factory=list)  # (batch, gid)
     completed_batches: list[int] = field(default_factory=list)
     commit_prepared_ms: float = 0.0  # spent in COMMIT PREPARED statements
+    # COMMIT or ROLLBACK PREPARED found no such transaction: finished meanwhile by another
+    gone: list[str] = field(default_factory=list)

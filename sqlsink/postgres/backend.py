@@ -17,6 +17,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    LockTake,
     NewDecision,
     PreparedTransaction,
     TaskState,
@@ -68,6 +69,28 @@ class PostgresBackend:
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
         return locks.sink_lock(self.conn, sink_id, self.lock_timeout_s)
+
+    def acquire_sink_lock(
+        self,
+        sink_id: str | None,
+        timeout_s: float | None = None,
+        waiting: Callable[[], None] | None = None,
+    ) -> LockTake:
+        bound = self.lock_timeout_s if timeout_s is None else timeout_s
+        return locks.acquire_sink_lock(self.conn, sink_id, bound, waiting)
+
+    def try_sink_lock(self, sink_id: str | None) -> bool:
+        return locks.try_sink_lock(self.conn, sink_id)
+
+    def unlock_sink(self, sink_id: str | None) -> None:
+        locks.unlock_sink(self.conn, sink_id)
+
+    def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
+        with self.standby.bounded(f"fencing runs of sink {sink_id}", sink=sink_id):
+            return run_registry.fence_runs(self.conn, sink_id, run_ids)
+
+    def end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        return locks.end_fenced_holders(self.conn, sink_id)
 
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
         prefix = Gid.sink_prefix(sink_id) if sink_id else "sqlsink_"

@@ -23,10 +23,13 @@ from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
     BatchFigures,
     Binding,
+    LockTake,
     NewDecision,
     PartitionOutcome,
     ResolutionReport,
 )
+from sqlsink.core.recovery import Done, Fenced, Recovery
+from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
@@ -563,3 +566,108 @@ def test_cut_session_ends_the_backends_own_session(harness: Harness, sinks: list
     assert b.highest_decided(sinks[0]) is None
     b.cut_session(getattr(harness, "url", ""))
     assert harness.lost(b)
+
+
+# -- the core's recovery over the backend interface (core/recovery.py) ---------------------
+
+
+def test_recovery_records_what_it_did_and_lets_the_lock_go(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """``sqlsink recover``'s procedure: the lock and the plan, then the actions; the
+    records say what each COMMIT/ROLLBACK PREPARED did, and the lock is free after."""
+    sink = sinks[0]
+    decided, orphan = gid(sink, 0, 0), gid(sink, 0, 1, attempt=1)
+    harness.prepare(decided)
+    harness.prepare(orphan)
+    b = harness.session()
+    assert b.insert_decision(NewDecision(sink, 0, (decided,), 1, "q1", "r1"))
+    recovery = Recovery(b, sink)
+    waits: list[bool] = []
+    assert recovery.lock(0.3, lambda: waits.append(True)) == LockTake(True)
+    assert waits == []
+    plan = recovery.plan(Scope.everything())
+    assert {a.prepared.gid: a.action for a in plan.actions} == {
+        decided: Action.COMMIT,
+        orphan: Action.ROLLBACK,
+    }
+    other = harness.session()
+    assert not other.try_sink_lock(sink)  # held between the plan and the actions
+    done = recovery.finish(Scope.everything())
+    assert dict(done.finished) == {decided: Done.COMMITTED, orphan: Done.ROLLED_BACK}
+    assert done.report is not None and done.report.completed_batches == [0]
+    assert done.did and done.loss is None and done.failure is None
+    assert other.try_sink_lock(sink)  # finish let it go
+    other.unlock_sink(sink)
+    assert b.prepared(sink) == []
+
+
+def test_recovery_records_a_loss_instead_of_raising_it(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    lost = gid(sink, 0, 0)
+    harness.prepare(lost)
+    b = harness.session()
+    assert b.insert_decision(NewDecision(sink, 0, (lost,), 1, "q1", "r1"))
+    assert b.rollback_prepared(lost)  # by hand: the decided rows are gone
+    recovery = Recovery(b, sink)
+    assert recovery.lock(0.3).held
+    done = recovery.finish(Scope.everything())
+    assert done.loss is not None and done.loss.context["lost"] == [(0, lost)]
+    assert done.report is None and not done.did and dict(done.finished) == {}
+    assert harness.session().try_sink_lock(sink)  # let go after the loss too
+
+
+def test_recovery_waits_once_for_a_live_holder_and_ends_nobody(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """A holder that is no fenced run's keeps the lock: the take waits once (and says
+    so) and ends nobody; a dry run's look never waits."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)
+    recovery = Recovery(b, sink)
+    waits: list[bool] = []
+    assert recovery.lock(0.2, lambda: waits.append(True)) == LockTake(False, waited=True)
+    assert waits == [True]
+    assert not recovery.lock_free() and not harness.lost(a)
+    a.unlock_sink(sink)
+    assert recovery.lock_free()
+    assert recovery.lock(0.2) == LockTake(True)  # the look let it go
+    recovery.release()
+
+
+def test_recovery_fences_runs_and_ends_their_lock_holder(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """``recover --force --run-id``: the run is declared dead, the session that holds the
+    sink's lock for it is ended, and the lock is taken at once."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    a.register_run(sink, "r1", 60, holds_lock=False)
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)  # records a's session as the holder
+    recovery = Recovery(b, sink)
+    fenced = recovery.fence(["r1", "r-unknown"])
+    assert fenced.runs == ("r1",) and len(fenced.ended) == 1
+    assert harness.lost(a)
+    assert recovery.fence(["r1"]) == Fenced()  # fenced already: nothing new, nobody ended
+    assert recovery.lock(0.3) == LockTake(True)
+    recovery.release()
+
+
+def test_acquire_sink_lock_ends_a_fenced_holder_after_its_wait(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """The one take of the sink lock: a holder that a superseded run recorded is ended
+    once the bounded wait is over, and the lock taken then (what ``sink_lock`` and
+    ``recover`` both rely on)."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)
+    b.register_run(sink, "r2", 60, holds_lock=False)  # r1 is fenced now
+    take = b.acquire_sink_lock(sink, 0.2)
+    assert take.held and take.waited and len(take.ended) == 1
+    assert harness.lost(a)
+    b.unlock_sink(sink)
