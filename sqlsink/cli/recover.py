@@ -1,13 +1,13 @@
 """``sqlsink recover``: commit or roll back the prepared transactions a sink left behind.
 
-It resolves them with the sink's own committer (``sqlsink.core.committer.Committer``
-on ``PostgresBackend``): the same rule, under the same lock. For each sink it takes the
-sink's lock (waiting for a committer to finish), plans and acts; the transactions of
-live runs (the runs registry: heard from within their timeout, not fenced) are left
-for their own commit, everything else of the sink is resolved. ``--force --run-id``
-first declares named runs dead (fences them), so that their transactions are resolved
-too and they can never commit again. ``recover_report`` turns the result into the
-report.
+It resolves them with the core's recovery (``sqlsink.core.recovery.Recovery`` on
+``PostgresBackend``), the committer's own: the same rule, under the same lock. For each
+sink it takes the sink's lock (waiting for a committer to finish) and plans; then it acts
+on each sink it holds; the transactions of live runs (the runs registry: heard from
+within their timeout, not fenced) are left for their own commit, everything else of the
+sink is resolved. ``--force --run-id`` first declares named runs dead (fences them), so
+that their transactions are resolved too and they can never commit again. The core's
+records say what was done; ``recover_report`` turns them into the report.
 
 A batch whose decision was lost (Spark went past it: its checkpoint, or the commit log's
 own record, says so; ``recover_lost``) keeps its prepared transactions: they hold its
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
@@ -55,11 +55,11 @@ from sqlsink.cli.recover_report import (
     sink_warnings,
     unknown_sink_warning,
 )
-from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
+from sqlsink.core.recovery import Done
+from sqlsink.core.recovery import Recovery as SinkProcedure
 from sqlsink.core.resolution import Action, Scope, Why
-from sqlsink.errors import ConfigError, DataLossError
-from sqlsink.postgres import locks, run_registry
+from sqlsink.postgres import run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import decisions as pg_decisions
@@ -70,24 +70,11 @@ from sqlsink.postgres.survey import sessions as pg_sessions
 PROGRESS_EVERY = 100
 
 
-class RecordingBackend(PostgresBackend):
-    """The sink's backend, recording each COMMIT/ROLLBACK PREPARED and showing progress."""
-
-    def __init__(self, conn: Connection, progress: Callable[[int], None]) -> None:
-        super().__init__(conn)
-        self.progress = progress
-        self.finished: dict[str, ActionResult] = {}
-
-    def commit_prepared(self, gid: str) -> bool:
-        return self._record(gid, super().commit_prepared(gid), "committed")
-
-    def rollback_prepared(self, gid: str) -> bool:
-        return self._record(gid, super().rollback_prepared(gid), "rolled back")
-
-    def _record(self, gid: str, done: bool, what: ActionResult) -> bool:
-        self.finished[gid] = what if done else "already finished"
-        self.progress(len(self.finished))
-        return done
+RESULT: dict[Done, ActionResult] = {
+    Done.COMMITTED: "committed",
+    Done.ROLLED_BACK: "rolled back",
+    Done.GONE: "already finished",
+}
 
 
 @dataclass
@@ -110,10 +97,12 @@ class Recovery:
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
     total: int = 0  # prepared transactions to finish, for the progress notes
-    backend: RecordingBackend = field(init=False)
+    done: int = 0  # ... and those finished so far
+    finished: dict[str, ActionResult] = field(default_factory=dict)  # what each action did
+    backend: PostgresBackend = field(init=False)
 
     def __post_init__(self) -> None:
-        self.backend = RecordingBackend(self.conn, self._progress)
+        self.backend = PostgresBackend(self.conn)
 
     def resolve(self) -> None:
         """Survey and plan each sink, then act on those whose lock this session holds."""
@@ -131,7 +120,7 @@ class Recovery:
         finally:
             for sink in self.sinks:
                 if sink.locked:
-                    locks.unlock_sink(self.conn, sink.sink_id)
+                    SinkProcedure(self.backend, sink.sink_id).release()
                     sink.locked = False
 
     def _sinks_with_leftovers(self) -> list[str]:
@@ -151,15 +140,13 @@ class Recovery:
             pg_sessions.sqlsink_sessions(self.conn), sink.sink_id
         )
         sink.named = list(self.run_ids) if sink.sink_id == self.sink_id else []
-        committer = Committer(self.backend, sink.sink_id)
+        recovery = SinkProcedure(self.backend, sink.sink_id)
         if self.dry_run:
-            self._plan_only(sink, committer)
+            self._plan_only(sink, recovery)
             return
         if sink.named:
-            self._fence(sink)
-        if self._take_lock(sink, committer):
-            self._survey_runs(sink)
-            sink.plan = committer.plan(self._scope(sink))
+            self._fence(sink, recovery)
+        if self._take_lock(sink, recovery):
             self._warn_foreign_owners(sink)
 
     def decide(self, commit_lost: list[int], mark_skipped: list[int]) -> list[str]:
@@ -259,56 +246,54 @@ class Recovery:
         sink.runs = run_registry.runs(self.conn, sink.sink_id)
         sink.treated_live = [r for r in sink.runs if r.live and r.run_id not in treat_as_dead]
 
-    def _fence(self, sink: SinkRecovery) -> None:
+    def _fence(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
         """--force: declare the named runs dead in the commit log, then end the sessions
         provably theirs (those that hold the sink's lock, as the run recorded them)."""
-        sink.fenced = run_registry.fence_runs(self.conn, sink.sink_id, sink.named)
-        sink.ended = locks.end_fenced_holders(self.conn, sink.sink_id)
+        fenced = recovery.fence(sink.named)
+        sink.fenced, sink.ended = list(fenced.runs), list(fenced.ended)
         if sink.fenced:
             self.out.note(
                 f"sqlsink recover: sink {sink.sink_id}: declared run(s) "
                 f"{', '.join(sink.fenced)} dead (fenced)"
             )
 
-    def _plan_only(self, sink: SinkRecovery, committer: Committer) -> None:
+    def _plan_only(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
         """A dry run: the plan and the losses, without acting (the named runs as dead)."""
-        sink.lock_busy = not locks.try_sink_lock(self.conn, sink.sink_id)
+
+        def scope() -> Scope:
+            self._survey_runs(sink, treat_as_dead=sink.named)
+            return self._scope(sink, frozenset(r.run_id for r in sink.treated_live))
+
+        sink.lock_busy = not recovery.lock_free()
         if sink.lock_busy:
             sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
-        else:
-            locks.unlock_sink(self.conn, sink.sink_id)
-        self._survey_runs(sink, treat_as_dead=sink.named)
-        sink.plan = committer.plan(
-            self._scope(sink, frozenset(r.run_id for r in sink.treated_live))
-        )
+        sink.plan = recovery.plan(scope())
         sink.lost = confirmed_losses(self.conn, sink.plan)
         sink.status = "planned" if sink.to_do() else "nothing to do"
         if sink.lost:
             sink.status = "data loss"
 
-    def _take_lock(self, sink: SinkRecovery, committer: Committer) -> bool:
+    def _take_lock(self, sink: SinkRecovery, recovery: SinkProcedure) -> bool:
         """The sink's lock: free at once, or within --lock-timeout (a committer holds it
-        while it commits); a holder provably of a fenced run is ended. Else a refusal."""
-        sink.locked = locks.try_sink_lock(self.conn, sink.sink_id)
-        if sink.locked:
-            return True
-        sink.lock_busy = True
-        sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
-        self.out.note(
-            f"sqlsink recover: sink {sink.sink_id}: waiting up to {self.lock_timeout:g}s for "
-            f"the sink's lock ({sink.evidence()})"
-        )
-        sink.locked = locks.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
-        if not sink.locked:
-            ended = locks.end_fenced_holders(self.conn, sink.sink_id)
-            sink.ended += [pid for pid in ended if pid not in sink.ended]
-            if ended:
-                sink.locked = locks.wait_sink_lock(self.conn, sink.sink_id, self.lock_timeout)
+        while it commits); a holder provably of a fenced run is ended (``Recovery.lock``).
+        Then the runs and the plan, under it; else a refusal (the plan read without it)."""
+
+        def waiting() -> None:
+            sink.lock_busy = True
+            sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
+            self.out.note(
+                f"sqlsink recover: sink {sink.sink_id}: waiting up to {self.lock_timeout:g}s "
+                f"for the sink's lock ({sink.evidence()})"
+            )
+
+        take = recovery.lock(self.lock_timeout, waiting)
+        sink.locked = take.held
+        sink.ended += [pid for pid in take.ended if pid not in sink.ended]
+        self._survey_runs(sink)
+        sink.plan = recovery.plan(self._scope(sink))
         if sink.locked:
             return True
         sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id) or sink.holders
-        self._survey_runs(sink)
-        sink.plan = committer.plan(self._scope(sink))
         self._refuse(
             sink,
             f"the sink's lock is still held after {self.lock_timeout:g}s "
@@ -342,9 +327,6 @@ class Recovery:
 
     def _refuse(self, sink: SinkRecovery, message: str, failed: bool = False) -> None:
         """Nothing is done for this sink; data loss is still looked for (read-only)."""
-        if sink.locked:
-            locks.unlock_sink(self.conn, sink.sink_id)
-            sink.locked = False
         sink.status = "failed" if failed else "refused"
         sink.message = message
         if sink.plan is not None:
@@ -361,34 +343,29 @@ class Recovery:
                 self._recover(sink)
 
     def _recover(self, sink: SinkRecovery) -> None:
-        """The committer's own recovery, under the lock this session holds; then unlock."""
-        try:
-            committer = Committer(self.backend, sink.sink_id)
-            with self.backend.sink_lock(sink.sink_id):  # as Committer.recover, but its scope
-                scope = self._scope(sink)
-                sink.plan, sink.report = committer.resolver.resolve(scope, dry_run=False)
-            report = sink.report
-            did = (
-                report.committed
-                or report.rolled_back
-                or report.completed_batches
-                or report.already_committed
-            )
-            sink.status = "recovered" if did else "nothing to do"
-        except DataLossError as exc:
+        """The core's recovery under the lock ``_take_lock`` took (it lets it go), with the
+        scope read again; its record says what was done."""
+        scope = self._scope(sink)  # read again, under the lock
+        sink.locked = False  # let go by finish, whatever happens
+        done = SinkProcedure(self.backend, sink.sink_id).finish(scope, self._progress)
+        sink.plan, sink.report = done.plan, done.report
+        self.finished |= {gid: RESULT[what] for gid, what in done.finished.items()}
+        if done.loss is not None:
             sink.status = "data loss"
-            sink.lost = list(exc.context.get("lost", []))
-            sink.message = exc.message
-        except ConfigError as exc:  # e.g. COMMIT PREPARED by a role that did not prepare
+            sink.lost = list(done.loss.context.get("lost", []))
+            sink.message = done.loss.message
+        elif done.failure is not None:
             sink.status = "failed"
-            sink.message = exc.message
-        finally:
-            locks.unlock_sink(self.backend.conn, sink.sink_id)
-            sink.locked = False
+            sink.message = done.failure.message
+        else:
+            sink.status = "recovered" if done.did else "nothing to do"
 
-    def _progress(self, done: int) -> None:
-        if done % PROGRESS_EVERY == 0:
-            self.out.note(f"sqlsink recover: {done}/{self.total} prepared transactions finished")
+    def _progress(self) -> None:
+        self.done += 1
+        if self.done % PROGRESS_EVERY == 0:
+            self.out.note(
+                f"sqlsink recover: {self.done}/{self.total} prepared transactions finished"
+            )
 
 
 # -- the command --------------------------------------------------------------------------
@@ -518,7 +495,7 @@ def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocum
     conn, out, sink_id, sinks = recovery.conn, recovery.out, recovery.sink_id, recovery.sinks
     database = recovery.me.database
     now = pg_prepared.server_now(conn)
-    finished = recovery.backend.finished
+    finished = recovery.finished
     actions = all_actions(conn, sinks, finished, recovery.backend.database, sink_id, now)
     lost = [(sink.sink_id, batch, gid) for sink in sinks for batch, gid in sink.lost]
     warnings = recovery.warnings

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PreparedTransaction
+from sqlsink.core.model import NewDecision, PreparedTransaction
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import checkpoint_records, locks, run_registry
+from sqlsink.postgres import checkpoint_records, run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import roles as pg_roles
@@ -288,8 +288,8 @@ class Decider:
     def run(self, wanted: list[Request], lock_timeout: float, *, dry_run: bool) -> list[str]:
         """What was (or, in a dry run, would be) decided, one sentence per batch; a
         CliError (nothing written) for the first request that cannot be proven."""
-        conn = self.backend.conn
-        if not locks.wait_sink_lock(conn, self.sink_id, lock_timeout):
+        backend = self.backend
+        if not backend.acquire_sink_lock(self.sink_id, lock_timeout).held:
             raise CliError(
                 f"sink {self.sink_id}: its lock is still held after {lock_timeout:g}s (a "
                 "committer or another recover holds it); nothing was decided",
@@ -301,7 +301,7 @@ class Decider:
                 for request, gids in plans:
                     self._write(request, gids)
         finally:
-            locks.unlock_sink(conn, self.sink_id)
+            backend.unlock_sink(self.sink_id)
         verb = "would decide" if dry_run else "decided"
         return [
             f"{verb} batch {r.batch_id} with its {len(g)} prepared transaction(s) "
@@ -459,13 +459,15 @@ class Decider:
     def _write(self, request: Request, gids: list[str]) -> None:
         runs = {g.run_id for x in gids if (g := Gid.parse(x)) is not None}
         self.backend.insert_decision(
-            self.sink_id,
-            request.batch_id,
-            gids,
-            0,  # the rows are in the prepared transactions, unreadable until committed
-            self.query_id,
-            runs.pop() if len(runs) == 1 else None,
-            partitions=len(gids),
+            NewDecision(
+                self.sink_id,
+                request.batch_id,
+                tuple(gids),
+                0,  # the rows are in the prepared transactions, unreadable until committed
+                self.query_id,
+                runs.pop() if len(runs) == 1 else None,
+                partitions=len(gids),
+            )
         )
 
 

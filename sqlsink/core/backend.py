@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from sqlsink.core.model import BatchFigures, Binding, Decision, PreparedTransaction
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    LockTake,
+    NewDecision,
+    PreparedTransaction,
+)
 
 
 class TwoPhaseBackend(Protocol):
@@ -28,7 +35,37 @@ class TwoPhaseBackend(Protocol):
         session from a second connection to ``url``, as an operator or a failover would."""
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
-        """Hold the sink's lock: committers and recoveries of one sink take turns."""
+        """Hold the sink's lock: committers and recoveries of one sink take turns.
+        ``acquire_sink_lock`` with the session's bound; a TransientError when not held."""
+        ...
+
+    def acquire_sink_lock(
+        self,
+        sink_id: str | None,
+        timeout_s: float | None = None,
+        waiting: Callable[[], None] | None = None,
+    ) -> LockTake:
+        """The one way the sink's lock is taken (it stacks): free, at once; else
+        ``waiting()`` is told and the lock waited for at most ``timeout_s`` (None: the
+        session's bound); a holder that is provably a fenced run's session is ended and
+        the lock waited for once more."""
+        ...
+
+    def try_sink_lock(self, sink_id: str | None) -> bool:
+        """Take the sink's lock only if it is free (a dry run's look)."""
+        ...
+
+    def unlock_sink(self, sink_id: str | None) -> None:
+        """Let the sink's lock go, once."""
+        ...
+
+    def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
+        """Declare these runs of the sink dead (superseded by 'operator', durably): they
+        never decide, commit or resolve again. Returns the runs this call fenced."""
+        ...
+
+    def end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        """End the sessions holding the sink's lock that are provably fenced runs'."""
         ...
 
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
@@ -91,19 +128,7 @@ class TwoPhaseBackend(Protocol):
         tasks is connected: (the pids connected at first, the pids still connected)."""
         ...
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
         """Write the decision (durably) unless one exists; True if this call wrote it."""
         ...
 

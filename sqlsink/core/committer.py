@@ -34,9 +34,16 @@ from sqlsink.core.admission import check_binding, check_forward, fenced_error, r
 from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
 from sqlsink.core.checkpoint_check import CheckpointCheck, lost_decision_error
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    NewDecision,
+    PartitionOutcome,
+    ResolutionReport,
+)
+from sqlsink.core.recovery import Recovery
 from sqlsink.core.resolution import Plan, Scope
-from sqlsink.core.resolver import Resolver, TimeoutPolicy
+from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import CommitError
 
 log = logging.getLogger("sqlsink")
@@ -50,7 +57,8 @@ class Committer:
     """The protocol's driver side for one sink (or, for recovery, all sinks: ``sink_id=None``).
 
     This module owns the batch's own path (who may write, the decision, retention, the
-    abort); the commit loop is ``core/resolver.py``'s."""
+    abort); the resolution of prepared transactions is ``core/recovery.py``'s, its commit
+    loop ``core/resolver.py``'s."""
 
     def __init__(
         self,
@@ -76,7 +84,9 @@ class Committer:
         # the consistent view (invariant 13): made right before a batch can become visible
         self.view = view
         self.tables = tuple(tables)  # what a decision records the batch wrote (status names them)
-        self.resolver = Resolver(backend, sink_id, self.timeouts, clock)
+        # the resolution of prepared transactions (core/recovery.py), and its commit loop
+        self.recovery = Recovery(backend, sink_id, self.timeouts, clock)
+        self.resolver = self.recovery.resolver
 
     def register(
         self,
@@ -201,7 +211,7 @@ class Committer:
         decided = time.monotonic()
         # N is decided now and nothing above it (check_forward): N is the highest decided
         scope = Scope.live(run_id, batch_id).knowing(batch_id) if run_id else self.recovery_scope()
-        report = self.resolver.resolve(scope, dry_run=False)[1]
+        report = self.recovery.resolve(scope)
         commit_ms = (time.monotonic() - decided) * 1000
         figures = None
         if decided_now is not None:
@@ -263,15 +273,17 @@ class Committer:
         present = self._decidable(batch_id, outcomes, run_id)
         written = [o for o in present if o.gid is not None]
         wrote = self.backend.insert_decision(
-            self.required_sink(),
-            batch_id,
-            [o.gid for o in written if o.gid is not None],
-            sum(o.rows for o in present),
-            query_id,
-            run_id,
-            partitions=len(written),
-            first_write_at=min((o.started_at for o in written), default=None),
-            tables=self.tables,
+            NewDecision(
+                self.required_sink(),
+                batch_id,
+                tuple(o.gid for o in written if o.gid is not None),
+                sum(o.rows for o in present),
+                query_id,
+                run_id,
+                partitions=len(written),
+                first_write_at=min((o.started_at for o in written), default=None),
+                tables=self.tables,
+            )
         )
         return present, wrote
 
@@ -394,7 +406,7 @@ class Committer:
             self.register(run_id, holds_lock=True, load=load or query_id is None, decided=mine)
             if not decided:  # its late tasks roll themselves back (Participant.after_prepare)
                 backend.mark_aborted(sink_id, run_id, batch_id)
-            report = self.resolver.resolve(Scope.aborting(run_id, batch_id), dry_run=False)[1]
+            report = self.recovery.resolve(Scope.aborting(run_id, batch_id))
         report = self._after_late_tasks(run_id, batch_id, report)
         log.warning(
             "sqlsink %s: batch %d aborted (%s): %d rolled back, %d committed",
@@ -422,8 +434,7 @@ class Committer:
         seen, left = self.backend.await_batch_tasks(sink_id, batch_id, ABORT_GRACE_S)
         if seen:
             with self.backend.sink_lock(sink_id):
-                scope = Scope.aborting(run_id, batch_id)
-                again = self.resolver.resolve(scope, dry_run=False)[1]
+                again = self.recovery.resolve(Scope.aborting(run_id, batch_id))
             report = ResolutionReport(
                 committed=[*report.committed, *again.committed],
                 rolled_back=[*report.rolled_back, *again.rolled_back],
@@ -451,8 +462,7 @@ class Committer:
 
     def recover(self, *, dry_run: bool = False) -> tuple[Plan, ResolutionReport]:
         """Resolve every prepared gid of the sink (of every sink when ``sink_id`` is None)."""
-        with self.backend.sink_lock(self.sink_id):
-            return self.resolver.resolve(self.recovery_scope(), dry_run=dry_run)
+        return self.recovery.run(self.recovery_scope, dry_run=dry_run)
 
     def recovery_scope(self) -> Scope:
         """Everything but the gids of live runs (a fresh heartbeat, not fenced)."""
@@ -465,11 +475,11 @@ class Committer:
             # fenced while it waited for the lock? then "live" would mean the old run, and
             # the newest run's in-flight gids would be swept (found by tests/sim)
             self.register(run_id, holds_lock=True)
-            return self.resolver.resolve(Scope.live(run_id, batch_id), dry_run=False)[1]
+            return self.recovery.resolve(Scope.live(run_id, batch_id))
 
     def plan(self, scope: Scope) -> Plan:
         """The plan for the current state, without acting (races unless the lock is held)."""
-        return self.resolver.plan(scope)[0]
+        return self.recovery.plan(scope)
 
     def required_sink(self) -> str:
         """The sink id, for the operations that act on one sink (a ValueError without)."""

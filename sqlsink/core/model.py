@@ -136,6 +136,35 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LockTake:
+    """How a take of the sink lock went (``TwoPhaseBackend.acquire_sink_lock``)."""
+
+    held: bool  # this session holds the lock now
+    waited: bool = False  # it was held by another session when first tried
+    ended: tuple[int, ...] = ()  # sessions of fenced runs that held it, ended (pids)
+
+
+@dataclass(frozen=True)
+class NewDecision:
+    """A decision to write (``TwoPhaseBackend.insert_decision``): exactly these gids are
+    committed, and what the batch was. ``gids`` and ``tables`` are kept as tuples."""
+
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    query_id: str | None
+    run_id: str | None
+    partitions: int | None = None  # the partitions that wrote (None: not recorded)
+    first_write_at: float | None = None  # seconds since the epoch: the batch's first write
+    tables: tuple[str, ...] = ()  # the tables the batch wrote (schema.name)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gids", tuple(self.gids))
+        object.__setattr__(self, "tables", tuple(self.tables))
+
+
+@dataclass(frozen=True)
 class PartitionFigures:
     """One partition's share of a batch: its rows and its write time (first write to
     PREPARE, from the partition's own timestamps)."""
@@ -304,3 +333,5 @@ class ResolutionReport:
     lost: list[tuple[int, str]] = field(default_factory=list)  # (batch, gid)
     completed_batches: list[int] = field(default_factory=list)
     commit_prepared_ms: float = 0.0  # spent in COMMIT PREPARED statements
+    # COMMIT or ROLLBACK PREPARED found no such transaction: finished meanwhile by another
+    gone: list[str] = field(default_factory=list)

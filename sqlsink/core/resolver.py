@@ -115,7 +115,21 @@ class Resolver:
                 plan.gids(Action.ROLLBACK),
             )
             return plan, report
-        to_verify = self._act(plan, report)
+        self.carry_out(plan, decisions, report)
+        return plan, report
+
+    def carry_out(
+        self,
+        plan: Plan,
+        decisions: Decisions,
+        report: ResolutionReport,
+        finished: Callable[[], None] | None = None,
+    ) -> None:
+        """Act on ``plan`` (read with ``decisions``), filling ``report`` as it goes: what
+        was done stays recorded there when a DataLossError (or any error) ends it.
+        ``finished()`` after each COMMIT or ROLLBACK PREPARED (a progress count)."""
+        report.left = plan.gids(Action.LEAVE)
+        to_verify = self._act(plan, report, finished)
         self._verify(to_verify, report)
         self.warn_old(
             (a.prepared.gid, a.prepared.prepared_at.timestamp())
@@ -126,9 +140,10 @@ class Resolver:
         self._complete(decisions, report, forgiven)
         if set(report.lost) - forgiven:
             raise data_loss_error(report.lost)
-        return plan, report
 
-    def _act(self, plan: Plan, report: ResolutionReport) -> list[tuple[int, str]]:
+    def _act(
+        self, plan: Plan, report: ResolutionReport, finished: Callable[[], None] | None
+    ) -> list[tuple[int, str]]:
         """COMMIT PREPARED and ROLLBACK PREPARED, in the plan's order; the decided gids
         to verify by marker (the plan's, and those finished meanwhile by someone else)."""
         to_verify = list(plan.to_verify)
@@ -146,10 +161,19 @@ class Resolver:
                             action.gid.batch_id,
                             cut=self.backend.cut_session,
                         )
-                elif action.gid is not None:  # finished meanwhile, by someone else
-                    to_verify.append((action.gid.batch_id, gid))
-            elif action.action is Action.ROLLBACK and self.backend.rollback_prepared(gid):
-                report.rolled_back.append(gid)
+                else:  # finished meanwhile, by someone else
+                    report.gone.append(gid)
+                    if action.gid is not None:
+                        to_verify.append((action.gid.batch_id, gid))
+            elif action.action is Action.ROLLBACK:
+                if self.backend.rollback_prepared(gid):
+                    report.rolled_back.append(gid)
+                else:
+                    report.gone.append(gid)
+            else:
+                continue
+            if finished is not None:
+                finished()
         return to_verify
 
     def warn_old(self, opened: Iterable[tuple[str | None, float]]) -> None:

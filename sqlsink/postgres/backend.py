@@ -4,7 +4,7 @@ the sink lock and the server's prepared transactions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 
 import psycopg
@@ -17,6 +17,8 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    LockTake,
+    NewDecision,
     PreparedTransaction,
     TaskState,
 )
@@ -67,6 +69,28 @@ class PostgresBackend:
 
     def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
         return locks.sink_lock(self.conn, sink_id, self.lock_timeout_s)
+
+    def acquire_sink_lock(
+        self,
+        sink_id: str | None,
+        timeout_s: float | None = None,
+        waiting: Callable[[], None] | None = None,
+    ) -> LockTake:
+        bound = self.lock_timeout_s if timeout_s is None else timeout_s
+        return locks.acquire_sink_lock(self.conn, sink_id, bound, waiting)
+
+    def try_sink_lock(self, sink_id: str | None) -> bool:
+        return locks.try_sink_lock(self.conn, sink_id)
+
+    def unlock_sink(self, sink_id: str | None) -> None:
+        locks.unlock_sink(self.conn, sink_id)
+
+    def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
+        with self.standby.bounded(f"fencing runs of sink {sink_id}", sink=sink_id):
+            return run_registry.fence_runs(self.conn, sink_id, run_ids)
+
+    def end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        return locks.end_fenced_holders(self.conn, sink_id)
 
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
         prefix = Gid.sink_prefix(sink_id) if sink_id else "sqlsink_"
@@ -152,32 +176,10 @@ class PostgresBackend:
                 return seen, pids
             time.sleep(0.05)
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
+        batch_id = decision.batch_id
         with self.standby.bounded(f"the decision of batch {batch_id}", batch=batch_id):
-            return commit_log.insert_decision(
-                self.conn,
-                sink_id,
-                batch_id,
-                gids,
-                rows,
-                query_id,
-                run_id,
-                partitions=partitions,
-                first_write_at=first_write_at,
-                tables=tables,
-            )
+            return commit_log.insert_decision(self.conn, decision)
 
     def commit_prepared(self, gid: str) -> bool:
         return self._finish("COMMIT PREPARED {}", gid)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import BatchFigures, Binding, Decision, Fate, TaskState
+from sqlsink.core.model import BatchFigures, Binding, Decision, Fate, NewDecision, TaskState
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -180,38 +180,28 @@ def _tables(value: object) -> tuple[str, ...] | None:
     return tuple(str(t) for t in value) if isinstance(value, list) and value else None
 
 
-def insert_decision(
-    conn: Connection,
-    sink_id: str,
-    batch_id: int,
-    gids: Collection[str],
-    rows: int,
-    query_id: str | None,
-    run_id: str | None,
-    *,
-    partitions: int | None = None,
-    first_write_at: float | None = None,
-    tables: Sequence[str] = (),
-) -> bool:
+def insert_decision(conn: Connection, decision: NewDecision) -> bool:
     """Write the decision durably unless one exists; True if this call wrote it.
-    ``tables``: the tables the batch wrote, as schema.name (recorded from schema version 8
-    on; an upgrade to it can be deferred, ``has_decision_tables``)."""
+    Its ``tables`` (schema.name) are recorded from schema version 8 on (an upgrade to it
+    can be deferred, ``has_decision_tables``)."""
+    sink_id, batch_id, gids = decision.sink_id, decision.batch_id, list(decision.gids)
+    query_id = decision.query_id
     columns = "sink_id, batch_id, gids, rows, query_id, run_id, partitions, first_write_at, "
     values = "%s, %s, %s, %s, %s, %s, %s, to_timestamp(%s), "
     args: list[object] = [
         sink_id,
         batch_id,
-        list(gids),
-        rows,
+        gids,
+        decision.rows,
         query_id,
-        run_id,
-        partitions,
-        first_write_at,
+        decision.run_id,
+        decision.partitions,
+        decision.first_write_at,
     ]
     if has_decision_tables(conn):
         columns, values = columns + "tables, ", values + "%s, "
-        args.append(list(tables) or None)
-    args.append(list(gids))  # complete at once when it names no transaction
+        args.append(list(decision.tables) or None)
+    args.append(gids)  # complete at once when it names no transaction
     # one pipeline: the transaction's statements go in one round trip, and its COMMIT in
     # a second (synced first, so that "in_decision" finds them run, inside it)
     with conn.pipeline() as pipeline, conn.transaction():

@@ -9,13 +9,14 @@ transaction-scoped one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
+from sqlsink.core.model import LockTake
 from sqlsink.errors import TransientError
 from sqlsink.postgres import appnames
 from sqlsink.postgres.connection import Connection
@@ -38,18 +39,35 @@ def lock_ids(conn: Connection, sink_id: str | None) -> tuple[int, int]:
     return key >> 32, key & 0xFFFFFFFF
 
 
+def acquire_sink_lock(
+    conn: Connection,
+    sink_id: str | None,
+    timeout_s: float,
+    waiting: Callable[[], None] | None = None,
+) -> LockTake:
+    """The one way the sink's session lock is taken: free, at once (one round trip);
+    else ``waiting()`` is told, and the lock waited for at most ``timeout_s``. A holder
+    that is provably a fenced run's session (docs/DESIGN.md invariant 10: the pid and
+    start time it recorded when it took the lock) is ended, and the lock waited for
+    once more. Not held at the end: the caller refuses (``sink_lock`` raises)."""
+    if try_sink_lock(conn, sink_id):
+        return LockTake(True)
+    if waiting is not None:
+        waiting()
+    held = _wait(conn, sink_id, timeout_s)
+    ended: tuple[int, ...] = ()
+    if not held:
+        ended = tuple(end_fenced_holders(conn, sink_id))
+        held = bool(ended) and _wait(conn, sink_id, timeout_s)
+    return LockTake(held, waited=True, ended=ended)
+
+
 @contextmanager
 def sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> Iterator[None]:
-    """Hold the sink's session lock for the block; wait for it at most ``timeout_s``.
-
-    A holder that is provably a fenced run's session (docs/DESIGN.md invariant 10: the
-    pid and start time it recorded when it took the lock) is ended, and the lock taken
-    then; any other holder gets a TransientError that names it and the fix.
-    """
-    if not wait_sink_lock(conn, sink_id, timeout_s):
-        ended = end_fenced_holders(conn, sink_id)
-        if not (ended and wait_sink_lock(conn, sink_id, timeout_s)):
-            raise lock_wait_error(conn, sink_id, timeout_s)
+    """Hold the sink's session lock for the block (``acquire_sink_lock``); a holder that
+    is not provably a fenced run's gets a TransientError that names it and the fix."""
+    if not acquire_sink_lock(conn, sink_id, timeout_s).held:
+        raise lock_wait_error(conn, sink_id, timeout_s)
     try:
         yield
     finally:
@@ -64,11 +82,13 @@ def try_sink_lock(conn: Connection, sink_id: str | None) -> bool:
 
 def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another.
+    A free lock is taken in one round trip (``try_sink_lock``)."""
+    return try_sink_lock(conn, sink_id) or _wait(conn, sink_id, timeout_s)
 
-    A free lock is taken in one round trip; only a held one costs the bounded wait's
-    three (its own ``lock_timeout``, set and restored)."""
-    if try_sink_lock(conn, sink_id):
-        return True
+
+def _wait(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
+    """The bounded wait for a held lock: three round trips (its own ``lock_timeout``,
+    set and restored)."""
     row = conn.execute(
         "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, false)",
         (f"{max(int(timeout_s * 1000), 1)}ms",),

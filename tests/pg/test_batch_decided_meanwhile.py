@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sqlsink.core.model import NewDecision
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
@@ -38,7 +39,9 @@ def test_the_decision_is_read_once_and_every_table_judged_on_it(pg_url: str, sin
     with psycopg.connect(pg_url, autocommit=True) as conn:
         ensure_schema(conn)  # type: ignore[arg-type]
         backend = CountingBackend(conn)  # type: ignore[arg-type]
-        assert backend.insert_decision(sink, 0, [], 0, "q", "r-other", tables=["public.a"])
+        assert backend.insert_decision(
+            NewDecision(sink, 0, [], 0, "q", "r-other", tables=["public.a"])
+        )
         backend.reads = 0
         meanwhile(backend, sink, "r-new", ["public.a"])  # a replay of what was decided
         assert backend.reads == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from sqlsink.core.model import NewDecision
 from sqlsink.errors import CheckpointError, SinkBindingError
 from tests.pg.protocol import Writer, ids_of, prepared_of
 
@@ -83,7 +84,7 @@ def test_the_binding_errors_advice_cannot_erase_an_incomplete_decision(
     outcomes = [old.write(1, range(0, 5), 0), old.write(1, range(5, 10), 1)]
     with old.committer() as committer:  # decided, first gid committed, then the driver dies
         committer.backend.insert_decision(
-            sink, 1, [o.gid for o in outcomes if o.gid], 10, "q-old", old.run
+            NewDecision(sink, 1, [o.gid for o in outcomes if o.gid], 10, "q-old", old.run)
         )
         assert outcomes[0].gid is not None
         committer.backend.commit_prepared(outcomes[0].gid)

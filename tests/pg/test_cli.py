@@ -30,6 +30,7 @@ from sqlsink.checkpoint.parse import read_checkpoint
 from sqlsink.checkpoint.relation import DecisionState, relate
 from sqlsink.cli import recover as cli_recover
 from sqlsink.core.gid import Gid
+from sqlsink.core.model import NewDecision
 from sqlsink.postgres import run_registry
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.locks import lock_key
@@ -181,7 +182,9 @@ def decide(
     db: Db, sink: str, batch: int, gids: list[str], rows: int, query: str | None = "q1"
 ) -> None:
     with db.connect() as conn:
-        assert PostgresBackend(conn).insert_decision(sink, batch, gids, rows, query, RUN)
+        assert PostgresBackend(conn).insert_decision(
+            NewDecision(sink, batch, gids, rows, query, RUN)
+        )
 
 
 def ids_in(db: Db) -> list[int]:
@@ -458,10 +461,14 @@ def test_status_names_the_tables_a_sink_writes(db: Db) -> None:
     decisions predate it."""
     with db.connect() as conn:
         backend = PostgresBackend(conn)
-        assert backend.insert_decision("old", 0, [], 0, "q-old", RUN)  # no tables recorded
-        assert backend.insert_decision("two", 0, [], 0, "q-two", RUN, tables=["public.t"])
+        assert backend.insert_decision(
+            NewDecision("old", 0, [], 0, "q-old", RUN)
+        )  # no tables recorded
+        assert backend.insert_decision(
+            NewDecision("two", 0, [], 0, "q-two", RUN, tables=["public.t"])
+        )
         tables = ["public.orders", "sales.order_lines"]
-        assert backend.insert_decision("two", 1, [], 0, "q-two", RUN, tables=tables)
+        assert backend.insert_decision(NewDecision("two", 1, [], 0, "q-two", RUN, tables=tables))
     doc = sqlsink("status", "--url", db.url, "--json").json
     by_sink = {s["sink_id"]: s for s in doc["sinks"]}
     assert by_sink["old"]["tables"] == []

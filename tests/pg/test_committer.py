@@ -18,7 +18,7 @@ from psycopg import sql
 
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.model import NewDecision, PartitionOutcome
 from sqlsink.errors import CheckpointError, CommitError, DataLossError, SinkBindingError
 from sqlsink.postgres import commit_log
 from sqlsink.postgres.backend import PostgresBackend
@@ -207,7 +207,9 @@ def test_failure_before_decision_then_restart(bench: Bench) -> None:
 def test_decided_then_crash_mid_commit_recovery_rolls_forward(bench: Bench) -> None:
     outcomes = [bench.prepare(4, p, range(p * 5, p * 5 + 5)) for p in range(3)]
     backend = bench.committer.backend
-    backend.insert_decision(bench.sink_id, 4, [o.gid for o in outcomes if o.gid], 15, "q1", RUN)
+    backend.insert_decision(
+        NewDecision(bench.sink_id, 4, [o.gid for o in outcomes if o.gid], 15, "q1", RUN)
+    )
     assert outcomes[0].gid is not None
     backend.commit_prepared(outcomes[0].gid)  # ... and the driver dies
     _, report = bench.committer.recover()
@@ -233,7 +235,7 @@ def test_abort_rolls_back_undecided_but_never_decided(bench: Bench) -> None:
 
     decided = [bench.prepare(1, p, range(p * 5, p * 5 + 5)) for p in range(2)]
     bench.committer.backend.insert_decision(
-        bench.sink_id, 1, [o.gid for o in decided if o.gid], 10, "q1", RUN
+        NewDecision(bench.sink_id, 1, [o.gid for o in decided if o.gid], 10, "q1", RUN)
     )
     bench.committer.abort_batch(1, decided, run_id=RUN)  # must roll forward, not back
     assert bench.ids() == list(range(10))
@@ -242,7 +244,7 @@ def test_abort_rolls_back_undecided_but_never_decided(bench: Bench) -> None:
 def test_a_decided_gid_rolled_back_by_hand_is_data_loss(bench: Bench) -> None:
     outcomes = [bench.prepare(2, p, range(p * 5, p * 5 + 5)) for p in range(2)]
     bench.committer.backend.insert_decision(
-        bench.sink_id, 2, [o.gid for o in outcomes if o.gid], 10, "q1", RUN
+        NewDecision(bench.sink_id, 2, [o.gid for o in outcomes if o.gid], 10, "q1", RUN)
     )
     assert outcomes[1].gid is not None
     bench.conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcomes[1].gid)))

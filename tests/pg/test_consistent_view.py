@@ -24,6 +24,7 @@ from psycopg import sql
 
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
+from sqlsink.core.model import NewDecision
 from sqlsink.errors import ConfigError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres import views
@@ -201,7 +202,7 @@ def test_views_of_two_tables_of_one_sink_agree_on_the_complete_batches(
     gids = _prepare_two_tables(pg_url, sink, run, tables)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         backend = PostgresBackend(conn)  # type: ignore[arg-type]
-        assert backend.insert_decision(sink, 1, gids, 60, f"q-{sink}", run)
+        assert backend.insert_decision(NewDecision(sink, 1, gids, 60, f"q-{sink}", run))
         for name, table in zip(names, tables, strict=True):
             views.keep_view(conn, TableName("public", name), TableName("public", table), sink)  # type: ignore[arg-type]
     query = sql.SQL(

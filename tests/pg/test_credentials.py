@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from sqlsink import cli
+from sqlsink.core.model import NewDecision
 from sqlsink.errors import TransientError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
@@ -131,7 +132,9 @@ def test_recover_with_a_password_command_after_a_password_change(
     outcome = write_partition(opts, target, task(opts, 0, run), rows(range(5)))
     assert outcome.gid is not None
     with connect(opts.url, opts.password, application_name="t") as conn:
-        PostgresBackend(conn).insert_decision(opts.sink_id, 0, [outcome.gid], 5, None, run)
+        PostgresBackend(conn).insert_decision(
+            NewDecision(opts.sink_id, 0, [outcome.gid], 5, None, run)
+        )
     password_server.rotate(PASSWORDS[1])
     time.sleep(1.5)  # the run is dead: no longer heard from within its timeout
     env = {

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from sqlsink.core.faults import ENV as FAULTS_ENV
-from sqlsink.core.model import Binding, PartitionOutcome
+from sqlsink.core.model import Binding, NewDecision, PartitionOutcome
 from sqlsink.errors import FencedError, SinkBindingError, TransientError
 from sqlsink.postgres.partition import write_partition
 from sqlsink.spark.driver_token import run_token
@@ -91,7 +91,7 @@ def test_a_load_fenced_in_its_abort_after_its_own_decision_says_its_rows_are_in(
     with first.committer() as committer:  # decided, then the commit fails
         gids = [o.gid for o in parts if o is not None and o.gid]
         committer.backend.bind(sink, Binding("load"))
-        committer.backend.insert_decision(sink, 0, gids, 5, None, first.run)
+        committer.backend.insert_decision(NewDecision(sink, 0, gids, 5, None, first.run))
     second = Writer(pg_url, keyed, sink, query_id=None, run="run-b")
     skipped = [second.write(0, range(100, 105), 0)]  # its task: decided, skips
     with pytest.raises(FencedError) as fenced:

@@ -9,6 +9,7 @@ from datetime import timezone
 
 import psycopg
 
+from sqlsink.core.model import NewDecision
 from tests.pg.protocol import Writer, ids_of, prepared_of
 from tests.pg.test_cli import sqlsink
 
@@ -21,7 +22,7 @@ def test_forget_refuses_an_unfinished_sink_then_frees_its_id(
     outcomes = [old.write(1, range(5, 10), 0), old.write(1, range(10, 15), 1)]
     with old.committer() as committer:  # decided, one gid committed, the driver dies
         committer.backend.insert_decision(
-            sink, 1, [o.gid for o in outcomes if o.gid], 10, "q-old", old.run
+            NewDecision(sink, 1, [o.gid for o in outcomes if o.gid], 10, "q-old", old.run)
         )
         assert outcomes[0].gid is not None
         committer.backend.commit_prepared(outcomes[0].gid)

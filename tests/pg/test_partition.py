@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from sqlsink.core.faults import ENV as FAULTS_ENV
-from sqlsink.core.model import TaskIdentity
+from sqlsink.core.model import NewDecision, TaskIdentity
 from sqlsink.errors import TransientError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
@@ -59,7 +59,7 @@ def test_an_attempt_that_prepares_after_its_batch_was_decided_rolls_itself_back(
             with psycopg.connect(pg_url, autocommit=True) as other:
                 backend = PostgresBackend(other)  # type: ignore[arg-type]
                 assert winner.gid is not None
-                backend.insert_decision(sink, 3, [winner.gid], 5, None, "run1")
+                backend.insert_decision(NewDecision(sink, 3, [winner.gid], 5, None, "run1"))
                 backend.commit_prepared(winner.gid)
 
         decider = threading.Thread(target=win_and_decide_meanwhile)
@@ -115,13 +115,13 @@ def test_a_timed_partition_writes_the_same_rows_and_records_every_phase(
         monkeypatch.delenv(TIMING_ENV)
         backend = PostgresBackend(conn)  # type: ignore[arg-type]
         assert timed.gid is not None
-        backend.insert_decision(sink, 3, [timed.gid], 9, None, "run1")
+        backend.insert_decision(NewDecision(sink, 3, [timed.gid], 9, None, "run1"))
         backend.commit_prepared(timed.gid)
         untimed = TaskIdentity(sink, 4, 0, "run1", 0, 0, query_id=None)
         plain = write_partition(options, target, untimed, rows(range(9, 12)))
         assert (timed.rows, plain.rows) == (9, 3)
         assert plain.gid is not None
-        backend.insert_decision(sink, 4, [plain.gid], 3, None, "run1")
+        backend.insert_decision(NewDecision(sink, 4, [plain.gid], 3, None, "run1"))
         backend.commit_prepared(plain.gid)
         ids = conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table)))
         assert [r[0] for r in ids] == list(range(12))

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from sqlsink.core.committer import PRUNE_EVERY
+from sqlsink.core.model import NewDecision
 from sqlsink.errors import CheckpointError, ConfigError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres import commit_log, retention
@@ -58,7 +59,7 @@ def test_an_incomplete_decision_is_never_pruned(pg_url: str, keyed: str, sink: s
     outcome = stream.write(1, range(5, 10))  # prepared, decided, not committed
     assert outcome.gid is not None
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        commit_log.insert_decision(conn, sink, 1, [outcome.gid], 5, "q1", stream.run)  # type: ignore[arg-type]
+        commit_log.insert_decision(conn, NewDecision(sink, 1, [outcome.gid], 5, "q1", stream.run))  # type: ignore[arg-type]
         assert retention.prune_decisions(conn, sink, 1) == 1  # type: ignore[arg-type]
     assert decided(pg_url, sink) == ([1], 0)
     stream.commit(1, [outcome])  # the incomplete decision still commits its batch

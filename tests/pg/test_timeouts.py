@@ -11,6 +11,7 @@ import pytest
 from psycopg import sql
 
 from sqlsink.core.committer import Committer
+from sqlsink.core.model import NewDecision
 from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError
 from sqlsink.postgres.backend import PostgresBackend
@@ -75,7 +76,7 @@ def test_timeout_almost_reached_warns_during_recovery(
     sink, table, conn = setup
     outcome = prepare(pg_url, table, sink, 0, 0, range(3))
     assert outcome.gid is not None
-    PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
+    PostgresBackend(conn).insert_decision(NewDecision(sink, 0, [outcome.gid], 3, "q1", RUN))
     now = server_time(conn)
     committer = Committer(PostgresBackend(conn), sink, timeouts=POLICY, clock=lambda: now + 90)
     with caplog.at_level(logging.WARNING, logger="sqlsink"):
@@ -92,7 +93,7 @@ def test_ignore_commit_failure_after_timeout(
     sink, table, conn = setup
     outcome = prepare(pg_url, table, sink, 0, 0, range(3))
     assert outcome.gid is not None
-    PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
+    PostgresBackend(conn).insert_decision(NewDecision(sink, 0, [outcome.gid], 3, "q1", RUN))
     conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcome.gid)))  # lost
     policy = TimeoutPolicy(timeout_s=100, ignore_commit_failures_after_timeout=True)
     # before the timeout: the restore fails, loudly
@@ -120,7 +121,7 @@ def test_a_driver_clock_running_ahead_forgives_nothing(
     sink, table, conn = setup
     outcome = prepare(pg_url, table, sink, 0, 0, range(3))
     assert outcome.gid is not None
-    PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
+    PostgresBackend(conn).insert_decision(NewDecision(sink, 0, [outcome.gid], 3, "q1", RUN))
     conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcome.gid)))  # lost
     policy = TimeoutPolicy(timeout_s=100, ignore_commit_failures_after_timeout=True)
     ahead = server_time(conn) + 150
@@ -150,7 +151,7 @@ def test_the_option_is_off_by_default(
     sink, table, conn = setup
     outcome = prepare(pg_url, table, sink, 0, 0, range(3))
     assert outcome.gid is not None
-    PostgresBackend(conn).insert_decision(sink, 0, [outcome.gid], 3, "q1", RUN)
+    PostgresBackend(conn).insert_decision(NewDecision(sink, 0, [outcome.gid], 3, "q1", RUN))
     conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(outcome.gid)))
     committer = Committer(
         PostgresBackend(conn), sink, timeouts=TimeoutPolicy(timeout_s=1), clock=lambda: 10**12

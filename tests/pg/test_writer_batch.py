@@ -21,7 +21,7 @@ import pytest
 from sqlsink.checkpoint.parse import checkpoint_policy
 from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode, CheckpointPolicy
 from sqlsink.core.committer import Committer
-from sqlsink.core.model import PartitionOutcome
+from sqlsink.core.model import NewDecision, PartitionOutcome
 from sqlsink.core.writer_batch import (
     HandedBatches,
     PartStart,
@@ -109,8 +109,10 @@ def test_decisions_carry_their_tables_in_memory_and_in_postgres(
     """What the rule reads, the same on the in-memory backend the simulation drives."""
     sink = sinks[0]
     b = harness.session()
-    assert b.insert_decision(sink, 0, [], 0, "q1", "r1", tables=["public.a", "public.b"])
-    assert b.insert_decision(sink, 1, [], 0, "q1", "r1")  # an empty batch: no table
+    assert b.insert_decision(
+        NewDecision(sink, 0, [], 0, "q1", "r1", tables=["public.a", "public.b"])
+    )
+    assert b.insert_decision(NewDecision(sink, 1, [], 0, "q1", "r1"))  # an empty batch: no table
     assert read_decision(b, sink, 0).tables == ("public.a", "public.b")
     assert read_decision(b, sink, 1).tables is None
     assert read_decision(b, sink, 2) is None

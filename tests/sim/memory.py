@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -45,6 +45,8 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    LockTake,
+    NewDecision,
     PreparedTransaction,
     TaskState,
 )
@@ -472,27 +474,50 @@ class MemoryBackend:
     @contextmanager
     def sink_lock(self, sink_id: str | None) -> Iterator[None]:
         timeout = self.session.lock_timeout_s
-        if not self.wait_sink_lock(sink_id, timeout):
-            ended = self._end_fenced_holders(sink_id)
-            if not (ended and self.wait_sink_lock(sink_id, timeout)):
-                holder = self.server.advisory.get((self.database, lock_key(sink_id)))
-                raise TransientError(
-                    f"sink {sink_id}: waited {timeout:.0f} s for the sink lock, held by "
-                    f"pid {holder.pid if holder else '?'}",
-                    sink_id=sink_id,
-                )
+        if not self.acquire_sink_lock(sink_id, timeout).held:
+            holder = self.server.advisory.get((self.database, lock_key(sink_id)))
+            raise TransientError(
+                f"sink {sink_id}: waited {timeout:.0f} s for the sink lock, held by "
+                f"pid {holder.pid if holder else '?'}",
+                sink_id=sink_id,
+            )
         try:
             yield
         finally:
             self.unlock_sink(sink_id)
+
+    def acquire_sink_lock(
+        self,
+        sink_id: str | None,
+        timeout_s: float | None = None,
+        waiting: Callable[[], None] | None = None,
+    ) -> LockTake:
+        """locks.acquire_sink_lock: free at once, else a bounded wait; a holder that a
+        fenced run recorded is ended, and the lock waited for once more."""
+        timeout = self.session.lock_timeout_s if timeout_s is None else timeout_s
+        self._call(f"lock {sink_id}")
+        if self._take(lock_key(sink_id), sink_id):
+            return LockTake(True)
+        if waiting is not None:
+            waiting()
+        held = self._wait(sink_id, timeout)
+        ended: tuple[int, ...] = ()
+        if not held:
+            ended = tuple(self._end_fenced_holders(sink_id))
+            held = bool(ended) and self.wait_sink_lock(sink_id, timeout)
+        return LockTake(held, waited=True, ended=ended)
 
     def try_sink_lock(self, sink_id: str | None) -> bool:
         self._call(f"try lock {sink_id}")
         return self._take(lock_key(sink_id), sink_id)
 
     def wait_sink_lock(self, sink_id: str | None, timeout_s: float) -> bool:
-        key = lock_key(sink_id)
         self._call(f"lock {sink_id}")
+        return self._wait(sink_id, timeout_s)
+
+    def _wait(self, sink_id: str | None, timeout_s: float) -> bool:
+        """The bounded wait (its first take is the caller's step's)."""
+        key = lock_key(sink_id)
         deadline = self._now() + timeout_s
         while not self._take(key, sink_id):
             if self._now() >= deadline:
@@ -543,6 +568,17 @@ class MemoryBackend:
                         run.lock_pid = run.lock_backend_start = None
         else:
             self.session.advisory[key] = count - 1
+
+    def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
+        """run_registry.fence_runs: ``recover --force`` declares the runs dead."""
+        self._call(f"fence runs {sink_id} {sorted(run_ids)}")
+        fenced = []
+        for run_id in sorted(set(run_ids)):
+            run = self._log.runs.get((sink_id, run_id))
+            if run is not None and run.superseded_at is None:
+                run.superseded_at, run.superseded_by = self._now(), "operator"
+                fenced.append(run_id)
+        return fenced
 
     def end_fenced_holders(self, sink_id: str | None) -> list[int]:
         """locks.end_fenced_holders (also the CLI's, after its wait for the lock)."""
@@ -816,19 +852,9 @@ class MemoryBackend:
         self.session.live_read = frozenset(run for _, run in live)
         return live
 
-    def insert_decision(
-        self,
-        sink_id: str,
-        batch_id: int,
-        gids: Collection[str],
-        rows: int,
-        query_id: str | None,
-        run_id: str | None,
-        *,
-        partitions: int | None = None,
-        first_write_at: float | None = None,
-        tables: Sequence[str] = (),
-    ) -> bool:
+    def insert_decision(self, decision: NewDecision) -> bool:
+        sink_id, batch_id, gids = decision.sink_id, decision.batch_id, decision.gids
+        query_id = decision.query_id
         self._call(f"insert decision {sink_id} batch {batch_id} {sorted(gids)}")
         self.server.cut()  # a standby's WAL may end just before this decision
         log, now = self._log, self._now()
@@ -843,15 +869,15 @@ class MemoryBackend:
         row = DecisionRow(
             sink_id,
             batch_id,
-            tuple(gids),
-            rows,
+            gids,
+            decision.rows,
             query_id,
-            run_id,
+            decision.run_id,
             now,
             now if not gids else None,
-            partitions,
-            first_write_at,
-            tables=tuple(tables) or None,
+            decision.partitions,
+            decision.first_write_at,
+            tables=decision.tables or None,
         )
         self.server.hooks.on_insert_decision(self.session, row)
         log.decisions[(sink_id, batch_id)] = row

@@ -20,7 +20,16 @@ from psycopg import sql
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
-from sqlsink.core.model import BatchFigures, Binding, PartitionOutcome, ResolutionReport
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    LockTake,
+    NewDecision,
+    PartitionOutcome,
+    ResolutionReport,
+)
+from sqlsink.core.recovery import Done, Fenced, Recovery
+from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
@@ -256,9 +265,9 @@ def test_bind_and_binding(harness: Harness, sinks: list[str]) -> None:
     # a row made by a run's registration binds to the first decision's writer
     b.register_run(other, "r1", 60, holds_lock=False)
     assert b.binding(other) == Binding("unknown")
-    assert b.insert_decision(other, 0, [], 0, "q7", "r1")
+    assert b.insert_decision(NewDecision(other, 0, [], 0, "q7", "r1"))
     assert b.binding(other) == Binding("stream", "q7")
-    assert b.insert_decision(other, 1, [], 0, None, "r1")
+    assert b.insert_decision(NewDecision(other, 1, [], 0, None, "r1"))
     assert b.binding(other) == Binding("stream", "q7")  # a bound sink keeps its writer
 
 
@@ -271,12 +280,14 @@ def test_insert_decision_once_highest_and_incomplete_decisions(
     harness.prepare(g2)
     b = harness.session()
     assert b.highest_decided(sink) is None
-    assert b.insert_decision(sink, 3, [g1], 5, "q1", "r1")
-    assert not b.insert_decision(sink, 3, [g2], 9, "q1", "r1")  # one decision per batch
+    assert b.insert_decision(NewDecision(sink, 3, [g1], 5, "q1", "r1"))
+    assert not b.insert_decision(
+        NewDecision(sink, 3, [g2], 9, "q1", "r1")
+    )  # one decision per batch
     decided = b.decisions(sink, [(sink, 3)])[(sink, 3)]
     assert (decided.gids, decided.rows, decided.complete) == (frozenset([g1]), 5, False)
     assert (decided.query_id, decided.run_id) == ("q1", "r1")
-    assert b.insert_decision(sink, 4, [], 0, "q1", "r1")  # nothing to commit: complete
+    assert b.insert_decision(NewDecision(sink, 4, [], 0, "q1", "r1"))  # nothing to commit: complete
     assert set(b.decisions(sink)) == {(sink, 3)}  # the incomplete ones, unasked
     assert b.decisions(sink, [(sink, 4)])[(sink, 4)].complete
     assert (sink, 3) in b.decisions(None)
@@ -305,7 +316,9 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     two commit times; a replay's recording is kept where nothing was recorded before."""
     sink = sinks[0]
     b = harness.session()
-    assert b.insert_decision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
+    assert b.insert_decision(
+        NewDecision(sink, 0, [gid(sink, 0, 0), gid(sink, 0, 1)], 7, "q1", "r1")
+    )
 
     def outcome(partition: int, rows: int, started: float, prepared: float) -> PartitionOutcome:
         g = gid(sink, 0, partition)
@@ -326,7 +339,7 @@ def test_record_metrics_keeps_the_batchs_figures_in_one_go(
     assert figures.prepare_to_decision_ms == 250.0 and figures.completion_ms == 1.75
     b.record_metrics(sink, 0, 2.0, 0)
     assert harness.metrics(b, sink, 0) == (5.0, 1, figures)
-    assert b.insert_decision(sink, 1, [gid(sink, 1, 0)], 1, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 1, [gid(sink, 1, 0)], 1, "q1", "r1"))
     b.record_metrics(sink, 1, 2.0, 0)  # the first commit died before recording
     assert harness.metrics(b, sink, 1) == (2.0, 0, None)
 
@@ -344,7 +357,7 @@ def test_mark_aborted_and_the_fate_of_an_attempt(harness: Harness, sinks: list[s
     assert not b.attempt_fate(sink, "r1", 3, mine).aborted
     assert not b.attempt_fate(sink, "r9", 2, mine).aborted  # another run
     harness.prepare(mine)
-    b.insert_decision(sink, 2, [mine], 1, "q1", "r1")
+    b.insert_decision(NewDecision(sink, 2, [mine], 1, "q1", "r1"))
     assert b.attempt_fate(sink, "r1", 2, mine).named is True
     assert b.attempt_fate(sink, "r1", 2, late).named is False
     assert b.commit_prepared(mine)
@@ -374,9 +387,9 @@ def test_a_run_is_live_for_three_times_its_batch_interval(
     sink = sinks[0]
     b = harness.session()
     b.register_run(sink, "rA", 0.05, holds_lock=False)
-    assert b.insert_decision(sink, 0, [], 0, "q1", "rA")
+    assert b.insert_decision(NewDecision(sink, 0, [], 0, "q1", "rA"))
     harness.sleep(0.4)
-    assert b.insert_decision(sink, 1, [], 0, "q1", "rA")
+    assert b.insert_decision(NewDecision(sink, 1, [], 0, "q1", "rA"))
     assert set(b.live_runs(sink)) == {(sink, "rA")}  # heard from 0.4 s ago; timeout 1.2 s
     b.register_run(sink, "rB", 0.05, holds_lock=False)  # no decisions: runTimeout only
     harness.sleep(0.2)
@@ -429,7 +442,7 @@ def test_no_plain_statement_erases_an_incomplete_decision(
     harness.prepare(g)
     b = harness.session()
     b.register_run(sink, "r1", 0.05, holds_lock=False)
-    assert b.insert_decision(sink, 0, [g], 1, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 0, [g], 1, "q1", "r1"))
     assert refused(lambda: harness.delete_sink(b, sink))
     assert refused(lambda: harness.delete_decisions(b, sink))
     with pytest.raises(ConfigError):  # prepared, and incomplete
@@ -476,9 +489,9 @@ def test_prune_keeps_incomplete_decisions(harness: Harness, sinks: list[str]) ->
     g = gid(sink, 1)
     harness.prepare(g)
     b = harness.session()
-    assert b.insert_decision(sink, 0, [], 0, "q1", "r1")
-    assert b.insert_decision(sink, 1, [g], 1, "q1", "r1")
-    assert b.insert_decision(sink, 2, [], 0, "q1", "r1")
+    assert b.insert_decision(NewDecision(sink, 0, [], 0, "q1", "r1"))
+    assert b.insert_decision(NewDecision(sink, 1, [g], 1, "q1", "r1"))
+    assert b.insert_decision(NewDecision(sink, 2, [], 0, "q1", "r1"))
     assert b.prune_decisions(sink, 1) == 1  # batch 0; batch 1 is incomplete
     assert set(b.decisions(sink, [(sink, 0), (sink, 1), (sink, 2)])) == {(sink, 1), (sink, 2)}
     assert b.commit_prepared(g)
@@ -514,7 +527,7 @@ def test_the_checkpoint_checks_ledger(harness: Harness, sinks: list[str]) -> Non
     assert b.run_check(sink, "r1") == RunCheck(False, None)
     assert b.coverage(sink, [0, 1]) == LogCoverage(None, None, frozenset())
     for batch in (2, 3, 4):
-        assert b.insert_decision(sink, batch, [], 0, "q1", "r1")
+        assert b.insert_decision(NewDecision(sink, batch, [], 0, "q1", "r1"))
     assert b.coverage(sink, [1, 2, 4, 5]) == LogCoverage(2, None, frozenset({2, 4}))
     b.record_check(sink, "r1", 5, "file:/cp", Verdict("loss", "batch 1 lost", (1,)))
     assert b.run_check(sink, "r1") == RunCheck(True, 4)
@@ -553,3 +566,108 @@ def test_cut_session_ends_the_backends_own_session(harness: Harness, sinks: list
     assert b.highest_decided(sinks[0]) is None
     b.cut_session(getattr(harness, "url", ""))
     assert harness.lost(b)
+
+
+# -- the core's recovery over the backend interface (core/recovery.py) ---------------------
+
+
+def test_recovery_records_what_it_did_and_lets_the_lock_go(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """``sqlsink recover``'s procedure: the lock and the plan, then the actions; the
+    records say what each COMMIT/ROLLBACK PREPARED did, and the lock is free after."""
+    sink = sinks[0]
+    decided, orphan = gid(sink, 0, 0), gid(sink, 0, 1, attempt=1)
+    harness.prepare(decided)
+    harness.prepare(orphan)
+    b = harness.session()
+    assert b.insert_decision(NewDecision(sink, 0, (decided,), 1, "q1", "r1"))
+    recovery = Recovery(b, sink)
+    waits: list[bool] = []
+    assert recovery.lock(0.3, lambda: waits.append(True)) == LockTake(True)
+    assert waits == []
+    plan = recovery.plan(Scope.everything())
+    assert {a.prepared.gid: a.action for a in plan.actions} == {
+        decided: Action.COMMIT,
+        orphan: Action.ROLLBACK,
+    }
+    other = harness.session()
+    assert not other.try_sink_lock(sink)  # held between the plan and the actions
+    done = recovery.finish(Scope.everything())
+    assert dict(done.finished) == {decided: Done.COMMITTED, orphan: Done.ROLLED_BACK}
+    assert done.report is not None and done.report.completed_batches == [0]
+    assert done.did and done.loss is None and done.failure is None
+    assert other.try_sink_lock(sink)  # finish let it go
+    other.unlock_sink(sink)
+    assert b.prepared(sink) == []
+
+
+def test_recovery_records_a_loss_instead_of_raising_it(harness: Harness, sinks: list[str]) -> None:
+    sink = sinks[0]
+    lost = gid(sink, 0, 0)
+    harness.prepare(lost)
+    b = harness.session()
+    assert b.insert_decision(NewDecision(sink, 0, (lost,), 1, "q1", "r1"))
+    assert b.rollback_prepared(lost)  # by hand: the decided rows are gone
+    recovery = Recovery(b, sink)
+    assert recovery.lock(0.3).held
+    done = recovery.finish(Scope.everything())
+    assert done.loss is not None and done.loss.context["lost"] == [(0, lost)]
+    assert done.report is None and not done.did and dict(done.finished) == {}
+    assert harness.session().try_sink_lock(sink)  # let go after the loss too
+
+
+def test_recovery_waits_once_for_a_live_holder_and_ends_nobody(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """A holder that is no fenced run's keeps the lock: the take waits once (and says
+    so) and ends nobody; a dry run's look never waits."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)
+    recovery = Recovery(b, sink)
+    waits: list[bool] = []
+    assert recovery.lock(0.2, lambda: waits.append(True)) == LockTake(False, waited=True)
+    assert waits == [True]
+    assert not recovery.lock_free() and not harness.lost(a)
+    a.unlock_sink(sink)
+    assert recovery.lock_free()
+    assert recovery.lock(0.2) == LockTake(True)  # the look let it go
+    recovery.release()
+
+
+def test_recovery_fences_runs_and_ends_their_lock_holder(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """``recover --force --run-id``: the run is declared dead, the session that holds the
+    sink's lock for it is ended, and the lock is taken at once."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    a.register_run(sink, "r1", 60, holds_lock=False)
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)  # records a's session as the holder
+    recovery = Recovery(b, sink)
+    fenced = recovery.fence(["r1", "r-unknown"])
+    assert fenced.runs == ("r1",) and len(fenced.ended) == 1
+    assert harness.lost(a)
+    assert recovery.fence(["r1"]) == Fenced()  # fenced already: nothing new, nobody ended
+    assert recovery.lock(0.3) == LockTake(True)
+    recovery.release()
+
+
+def test_acquire_sink_lock_ends_a_fenced_holder_after_its_wait(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """The one take of the sink lock: a holder that a superseded run recorded is ended
+    once the bounded wait is over, and the lock taken then (what ``sink_lock`` and
+    ``recover`` both rely on)."""
+    sink = sinks[0]
+    a, b = harness.session(), harness.session()
+    assert a.acquire_sink_lock(sink).held
+    a.register_run(sink, "r1", 60, holds_lock=True)
+    b.register_run(sink, "r2", 60, holds_lock=False)  # r1 is fenced now
+    take = b.acquire_sink_lock(sink, 0.2)
+    assert take.held and take.waited and len(take.ended) == 1
+    assert harness.lost(a)
+    b.unlock_sink(sink)

@@ -900,42 +900,47 @@ class World:
     def _recover_sink(
         self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
     ) -> bool:
-        """cli/recover.py for one sink: the lock as ``Recovery._take_lock`` takes it (free
-        at once, or within --lock-timeout; a holder that a fenced run recorded is ended,
-        and the lock waited for once more; else refused), then the plan and its actions
-        (``Recovery._recover``): live runs' gids left (the registry's liveness), and those
-        of batches Spark went past whose decision was lost (``Recovery._scope``: the
-        checkpoint's commits/ with --checkpoint, else the log's record). False when
-        refused."""
-        timeout = self.profile.lock_timeout_s
-        locked = backend.try_sink_lock(sink)
-        if not locked:
-            locked = backend.wait_sink_lock(sink, timeout)
-            if not locked and backend.end_fenced_holders(sink):
-                locked = backend.wait_sink_lock(sink, timeout)
-        if not locked:
-            self.stats["recover refused: the lock is held"] = (
-                self.stats.get("recover refused: the lock is held", 0) + 1
-            )
-            return False
+        """cli/recover.py for one sink, through the core's recovery as it does: the lock
+        (``Recovery.lock``: free at once, or within --lock-timeout; a holder that a fenced
+        run recorded is ended, and the lock waited for once more; else refused) and the
+        plan, then the actions (``Recovery.finish``): live runs' gids left (the registry's
+        liveness), and those of batches Spark went past whose decision was lost
+        (``cli.recover.Recovery._scope``: the checkpoint's commits/ with --checkpoint, else
+        the log's record). False when refused."""
+        recovery = self.committer(backend, sink).recovery
+        read: dict[str, bool] = {}  # the recorded checkpoint is read once a recover (its cache)
+        locked = recovery.lock(self.profile.lock_timeout_s).held
         try:
-            committer = self.committer(backend, sink)
-            with backend.sink_lock(sink):
-                committer.resolver.resolve(
-                    self._recover_scope(backend, sink, checkpoint), dry_run=False
+            recovery.plan(self._recover_scope(backend, sink, checkpoint, read))
+            if not locked:
+                self.stats["recover refused: the lock is held"] = (
+                    self.stats.get("recover refused: the lock is held", 0) + 1
                 )
+                return False
+            scope = self._recover_scope(backend, sink, checkpoint, read)
+            locked = False  # finish lets it go
+            done = recovery.finish(scope)
+            for error in (done.loss, done.failure):
+                if error is not None:
+                    self.expected(error)
         except (SqlsinkError, SqlError) as exc:
             self.expected(exc)
         finally:
-            backend.unlock_sink(sink)
+            if locked:
+                recovery.release()
         return True
 
     def _evidence(
-        self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
+        self,
+        backend: MemoryBackend,
+        sink: str,
+        checkpoint: Query | None = None,
+        read: dict[str, bool] | None = None,
     ) -> Evidence:
         """``Recovery._evidence``: what shows that Spark went past a batch of the sink: the
         checkpoint given, else the one the sink's runs recorded when it is readable from
-        where recover runs (``p_checkpoint_unreadable``), else the commit log's record."""
+        where recover runs (``p_checkpoint_unreadable``, drawn once a recover: ``read``),
+        else the commit log's record."""
         recorded, aborted = backend.loss_evidence(sink)
         from_record = False
         if checkpoint is None:
@@ -951,8 +956,14 @@ class World:
                 ),
                 None,
             )
-            if checkpoint is not None and self.rng.random() < self.profile.p_checkpoint_unreadable:
-                checkpoint = None  # a remote location this recover cannot read
+            if checkpoint is not None:
+                readable = None if read is None else read.get("readable")
+                if readable is None:
+                    readable = self.rng.random() >= self.profile.p_checkpoint_unreadable
+                    if read is not None:
+                        read["readable"] = readable
+                if not readable:
+                    checkpoint = None  # a remote location this recover cannot read
             from_record = checkpoint is not None
         given = None
         if checkpoint is not None:
@@ -975,12 +986,16 @@ class World:
         )
 
     def _recover_scope(
-        self, backend: MemoryBackend, sink: str, checkpoint: Query | None = None
+        self,
+        backend: MemoryBackend,
+        sink: str,
+        checkpoint: Query | None = None,
+        read: dict[str, bool] | None = None,
     ) -> Scope:
         """``Recovery._scope``: everything but live runs' gids, lost decisions' gids, and,
         when no checkpoint was read for a streaming sink, the gids of undecided batches
         above the highest decided one that Spark may have committed."""
-        proof = self._evidence(backend, sink, checkpoint)
+        proof = self._evidence(backend, sink, checkpoint, read)
         lost = frozenset(b.batch_id for b in lost_batches(backend, sink, proof))  # type: ignore[arg-type]
         live = frozenset(run for _, run in backend.live_runs(sink))
         highest = backend.highest_decided(sink)
@@ -1023,7 +1038,7 @@ class World:
                 me,
                 self._evidence(backend, sink),
             )
-            if not backend.wait_sink_lock(sink, self.profile.lock_timeout_s):
+            if not backend.acquire_sink_lock(sink, self.profile.lock_timeout_s).held:
                 return False
             try:
                 try:
