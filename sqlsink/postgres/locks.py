@@ -80,12 +80,6 @@ def try_sink_lock(conn: Connection, sink_id: str | None) -> bool:
     return _take(conn, sink_id, wait=False)
 
 
-def wait_sink_lock(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for the sink's session lock; False if still held by another.
-    A free lock is taken in one round trip (``try_sink_lock``)."""
-    return try_sink_lock(conn, sink_id) or _wait(conn, sink_id, timeout_s)
-
-
 def _wait(conn: Connection, sink_id: str | None, timeout_s: float) -> bool:
     """The bounded wait for a held lock: three round trips (its own ``lock_timeout``,
     set and restored)."""

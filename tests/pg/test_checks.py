@@ -345,7 +345,7 @@ def test_a_short_role_lock_timeout_does_not_bound_a_wait_for_the_sink_lock(
     pg_server: PgServer, role: str, db: str
 ) -> None:
     """Every sink session sets its own lock_timeout (``PostgresBackend``), and a wait
-    for the sink lock its own bound (``locks.wait_sink_lock``): a role's 1 s does not
+    for the sink lock its own bound (``locks.acquire_sink_lock``): a role's 1 s does not
     end a wait for the sink lock held 2 s by another session."""
     import threading
     import time

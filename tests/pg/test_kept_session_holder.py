@@ -309,7 +309,7 @@ def test_a_fresh_take_clears_the_record_a_reset_session_left(
 ) -> None:
     """Review 2026-11-26 attack1 D3, without PgBouncer: a session lets the lock go without
     the unlock (DISCARD ALL), so run 1's record of it stays. Its next take of the lock,
-    free (``try_sink_lock``) or waited for (``wait_sink_lock``), clears that record in the
+    free (``try_sink_lock``) or waited for (``acquire_sink_lock``), clears that record in the
     same statement; a stacked take keeps a record of the hold still on."""
     Writer(pg_url, keyed, sink, query_id="q", run="run-1").batch(0, range(5))
     with (
@@ -329,7 +329,7 @@ def test_a_fresh_take_clears_the_record_a_reset_session_left(
                 threading.Timer(0.5, locks.unlock_sink, (other, sink)).start()
                 assert not locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
                 assert recorded_holders(pg_url, sink) == [("run-1", False, pid)]
-                assert locks.wait_sink_lock(conn, sink, 10)  # type: ignore[arg-type]
+                assert locks.acquire_sink_lock(conn, sink, 10).held  # type: ignore[arg-type]
             else:
                 assert locks.try_sink_lock(conn, sink)  # type: ignore[arg-type]
             assert held_here(conn, sink)

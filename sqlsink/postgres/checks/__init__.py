@@ -41,7 +41,7 @@ The rules (DESIGN.md section 5)
     Replaced on every session of the sink's tasks and commit (``PostgresBackend`` sets
     ``lock_timeout`` from the option lockTimeout when it opens on a session, also a kept
     one after its ``DISCARD ALL``) and in every wait for the sink's advisory lock
-    (``locks.wait_sink_lock`` sets its own bound, also in the CLI). It applies only to
+    (``locks.acquire_sink_lock`` sets its own bound, also in the CLI). It applies only to
     the planner's session (``plan_write``, before any data): its CREATE TABLE (option
     createTable) waits at most this long for locks on the target's schema or for
     another session creating the same table (the migrations of the commit log set

@@ -287,7 +287,7 @@ def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Requir
 def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
     """Replaced on every session of the sink's tasks and commit (``PostgresBackend`` sets
     the option lockTimeout when it opens) and in every wait for the sink lock
-    (``locks.wait_sink_lock`` sets its own bound); it still applies to the planner's
+    (``locks.acquire_sink_lock`` sets its own bound); it still applies to the planner's
     session (``plan_write``, before any data), whose one wait on another session is
     createTable's CREATE TABLE: for locks on the target's schema, or for another session
     creating the same table."""

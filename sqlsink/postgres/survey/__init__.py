@@ -14,7 +14,7 @@
 
 Nothing here writes. The sink's session advisory lock, the very lock the committer holds
 while it decides and commits, is ``sqlsink.postgres.locks`` (``try_sink_lock``,
-``wait_sink_lock``), so that ``sqlsink recover`` takes turns with a running sink.
+``acquire_sink_lock``), so that ``sqlsink recover`` takes turns with a running sink.
 
 Server checks are functions ``(conn, CheckContext) -> list[Finding]`` listed in
 ``server_checks.CHECKS``; add a check by writing one more such function.
