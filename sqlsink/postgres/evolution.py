@@ -299,16 +299,30 @@ def _lock_error(
     holders = relation_lock_holders(conn, [quoted(conn, table)])
     prepared = [h.gid for h in holders if h.gid is not None]
     fix = (
-        "a prepared transaction holds it: sqlsink recover resolves the ones a stopped run "
-        "left (a running query's own are finished by its commit), then start again"
-        if prepared
-        else "let that transaction finish, or end it (SELECT pg_terminate_backend(pid)), "
+        "let that transaction finish, or end it (SELECT pg_terminate_backend(pid)), "
         "then start again"
     )
+    if prepared:
+        fix = "a prepared transaction holds it: " + _recover_advice(prepared)
     return TransientError(
         f"schema evolution of table {table} ({'; '.join(what)}) waited {timeout_s:g} s for "
         f"the table's lock, held by {describe_holders(holders)}. Nothing was changed or "
         f"written. Fix: {fix}",
         table=str(table),
         prepared=prepared,
+    )
+
+
+def _recover_advice(prepared: list[str]) -> str:
+    from sqlsink.core.gid import Gid
+
+    ours = [gid for text in prepared if (gid := Gid.parse(text)) is not None]
+    if not ours:
+        return "COMMIT PREPARED or ROLLBACK PREPARED it (it is not a sink's), then start again"
+    first = ours[0]
+    return (
+        "sqlsink recover resolves those a stopped run left once the run is no longer live "
+        f"(runTimeout), or at once with sqlsink recover --sink-id {first.sink_id} --force "
+        f"--run-id {first.run_id} when you know run {first.run_id} is dead (a running "
+        "query's own are finished by its commit); then start again"
     )

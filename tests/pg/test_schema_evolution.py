@@ -192,8 +192,10 @@ def test_the_lock_wait_names_the_prepared_transaction_and_recover(
         f"schema evolution of table public.{table} (added column 'note' (text); added "
         "column 'amount' (numeric(12, 2))) waited 1 s for the table's lock, held by "
         f"prepared transaction {gid} (RowExclusiveLock on {table}). Nothing was changed or "
-        "written. Fix: a prepared transaction holds it: sqlsink recover resolves the ones a "
-        "stopped run left (a running query's own are finished by its commit), then start "
+        "written. Fix: a prepared transaction holds it: sqlsink recover resolves those a "
+        "stopped run left once the run is no longer live (runTimeout), or at once with "
+        f"sqlsink recover --sink-id {sink} --force --run-id deadrun when you know run "
+        "deadrun is dead (a running query's own are finished by its commit); then start "
         "again"
     )
     assert caught.value.context["prepared"] == [gid]
