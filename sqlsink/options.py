@@ -417,6 +417,17 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "create a missing target from the DataFrame's schema (SQLAlchemy DDL)",
     ),
     OptionSpec(
+        "schemaEvolution",
+        "`none`",
+        "`none`: a DataFrame column the table lacks stops the query at planning; `addColumns`: "
+        "it is added, nullable, with the type `createTable` gives it, before any partition "
+        "writes; `widen`: that, and a column whose DataFrame type is wider is widened where "
+        "PostgreSQL keeps every value (`integer` to `bigint`, `varchar(n)` to `text`, ...). "
+        "Anything else is refused before anything is written, with the statement that fixes "
+        "it ([schema evolution](../entry-points/data-source.md#schema-evolution))",
+        writer="`schema_evolution=` argument",
+    ),
+    OptionSpec(
         "lockTimeout",
         "`60s`",
         "`lock_timeout` of every sink session: partition transactions and the sink lock wait "
