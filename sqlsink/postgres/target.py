@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,7 @@ def plan_target(
     arrow_schema: pa.Schema | None = None,
     column_type: ColumnType | None = None,
     *,
+    before_changes: Callable[[], None] | None = None,
     replanned: bool = False,
 ) -> TargetPlan:
     """Match the DataFrame's columns to the table's, creating the table if asked and missing.
@@ -60,8 +61,9 @@ def plan_target(
     (DataFrame column, table column) pair the encoder cannot write) is reported at once,
     before anything is written. With ``schemaEvolution`` (``column_type`` gives a DataFrame
     column's type, as createTable would create it) the table is first matched as it will
-    be after its changes; when nothing is refused, the changes are made
-    (``evolution.apply_evolution``) and the table planned again, which finds them.
+    be after its changes; when nothing is refused (``before_changes``, the caller's other
+    refusals, raises none either), the changes are made (``evolution.apply_evolution``)
+    and the table planned again, which finds them.
     """
     table = options.table
     columns = table_columns(conn, table)
@@ -110,6 +112,8 @@ def plan_target(
             )
         from sqlsink.postgres.evolution import apply_evolution
 
+        if before_changes is not None:
+            before_changes()
         apply_evolution(conn, options, evolution)
         return plan_target(
             conn, options, field_names, None, arrow_schema, column_type, replanned=True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,14 @@ def plan_write(
         arrow = arrow_schema(schema)
         evolving = options.schema_evolution is not SchemaEvolution.NONE  # its types: lazily
         types = (lambda name: column_type(schema[name].dataType, name)) if evolving else None
-        plan = plan_target(conn, options, schema.fieldNames(), create, arrow, types)
+        check_view = (  # a view's refusals come before a schema change too
+            partial(views.check_before_writing, conn, view, options.table, sink_id)
+            if view is not None
+            else None
+        )
+        plan = plan_target(
+            conn, options, schema.fieldNames(), create, arrow, types, before_changes=check_view
+        )
         if view is not None:  # refusals before any data; the committer creates the view
             views.check_before_writing(conn, view, options.table, sink_id)
         return plan

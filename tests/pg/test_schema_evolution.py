@@ -5,6 +5,7 @@ and the consistent view replaced to show a new column."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -15,9 +16,11 @@ from pyspark.sql import types as T
 from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.options import SinkOptions
+from sqlsink.postgres import views
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import TargetPlan, plan_target
 from sqlsink.spark.types import arrow_schema, column_type
+from sqlsink.tablename import TableName
 from tests.pg.protocol import Writer, prepare_by_hand
 
 
@@ -254,3 +257,37 @@ def test_widening_a_column_a_view_reads_is_refused_with_the_statements(
         "the view again (a consistent view of the sink is created again by its next batch: "
         "grant SELECT on it again)"
     )
+
+
+def test_a_views_refusal_comes_before_the_alter(pg_url: str, table: str, sink: str) -> None:
+    """plan_write hands plan_target the consistent view's check (``before_changes``): a
+    view name taken by another object refuses the query with the table unchanged."""
+    make(pg_url, table, "id bigint")
+    taken = f"{table}_taken"
+    schema = schema_of(id=T.LongType(), note=T.StringType())
+    parsed = SinkOptions.parse(
+        {"url": pg_url, "table": table, "schemaEvolution": "addColumns", "consistentView": taken}
+    )
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(taken)))
+        try:
+            with pytest.raises(ConfigError) as caught:
+                plan_target(
+                    conn,  # type: ignore[arg-type]
+                    parsed,
+                    schema.fieldNames(),
+                    None,
+                    arrow_schema(schema),
+                    lambda name: column_type(schema[name].dataType, name),
+                    before_changes=partial(
+                        views.check_before_writing,
+                        conn,  # type: ignore[arg-type]
+                        TableName.parse(taken),
+                        parsed.table,
+                        sink,
+                    ),
+                )
+        finally:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(taken)))
+    assert "not a view the sink made" in str(caught.value)
+    assert [c[0] for c in columns_of(pg_url, table)] == ["id"]
