@@ -172,10 +172,16 @@ def test_every_refusal_in_one_message_and_nothing_changed(pg_url: str, table: st
     assert [c[0] for c in columns_of(pg_url, table)] == ["id", "amount", "code"]
 
 
-def test_a_dropped_nullable_column_is_written_null(pg_url: str, table: str) -> None:
-    make(pg_url, table, "id bigint, gone text")
+def test_a_dropped_nullable_column_is_written_null(pg_url: str, table: str, sink: str) -> None:
+    make(pg_url, table, "id bigint, gone text, kept text DEFAULT 'k'")
     target = plan(pg_url, table, schema_of(id=T.LongType()), schemaEvolution="addColumns")
     assert [c.name for c in target.columns] == ["id"]
+    Writer(pg_url, table, sink, None, extra={"schemaEvolution": "addColumns"}).batch(0, range(2))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT id, gone, kept FROM {} ORDER BY id").format(sql.Identifier(table))
+        ).fetchall()
+    assert rows == [(0, None, "k"), (1, None, "k")]
 
 
 def test_the_lock_wait_names_the_prepared_transaction_and_recover(
