@@ -37,6 +37,14 @@ class Semantic(enum.Enum):
     NONE = "none"
 
 
+class SchemaEvolution(enum.Enum):
+    """Option schemaEvolution: what planning may change in the target table (evolution.py)."""
+
+    NONE = "none"
+    ADD_COLUMNS = "addColumns"  # a DataFrame column the table lacks: added, nullable
+    WIDEN = "widen"  # addColumns, and a column widened where PostgreSQL keeps its values
+
+
 # option name (lower case) -> shown name, for messages
 KNOWN = {
     "url": "url",
@@ -61,6 +69,7 @@ KNOWN = {
     "consistentview": "consistentView",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
+    "schemaevolution": "schemaEvolution",
     "transactiontimeout": "transactionTimeout",
     "transactiontimeoutwarningratio": "transactionTimeoutWarningRatio",
     "ignorecommitfailuresaftertransactiontimeout": "ignoreCommitFailuresAfterTransactionTimeout",
@@ -133,6 +142,7 @@ class SinkOptions:
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
     # a view of the table that shows whole batches only (docs/DESIGN.md invariant 13)
     consistent_view: TableName | None = None
+    schema_evolution: SchemaEvolution = SchemaEvolution.NONE
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -173,6 +183,7 @@ class SinkOptions:
             delete_column=delete_column,
             timeouts=timeouts,
             consistent_view=view,
+            schema_evolution=_schema_evolution(opts.get("schemaevolution", "none")),
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger
@@ -186,6 +197,15 @@ def _check_names(opts: Mapping[str, str]) -> None:
     if problems:
         known = ", ".join(sorted(KNOWN.values()))
         raise ConfigError(f"sqlsink options: {'; '.join(problems)} (known options: {known})")
+
+
+def _schema_evolution(text: str) -> SchemaEvolution:
+    """The option schemaEvolution, its value case-insensitive (``addColumns``)."""
+    for member in SchemaEvolution:
+        if member.value.lower() == text.strip().lower():
+            return member
+    choices = ", ".join(m.value for m in SchemaEvolution)
+    raise ConfigError(f"option schemaEvolution: unknown value {text!r} (choose one of {choices})")
 
 
 def _upsert_columns(opts: Mapping[str, str], mode: Mode) -> tuple[tuple[str, ...], str | None]:
@@ -395,6 +415,17 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "createTable",
         "`false`",
         "create a missing target from the DataFrame's schema (SQLAlchemy DDL)",
+    ),
+    OptionSpec(
+        "schemaEvolution",
+        "`none`",
+        "`none`: a DataFrame column the table lacks stops the query at planning; `addColumns`: "
+        "it is added, nullable, with the type `createTable` gives it, before any partition "
+        "writes; `widen`: that, and a column whose DataFrame type is wider is widened where "
+        "PostgreSQL keeps every value (`integer` to `bigint`, `varchar(n)` to `text`, ...). "
+        "Anything else is refused before anything is written, with the statement that fixes "
+        "it ([schema evolution](../entry-points/data-source.md#schema-evolution))",
+        writer="`schema_evolution=` argument",
     ),
     OptionSpec(
         "lockTimeout",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlsink.errors import ConfigError
-from sqlsink.options import Mode, SinkOptions
+from sqlsink.errors import ConfigError, TransientError
+from sqlsink.options import Mode, SchemaEvolution, SinkOptions
 from sqlsink.postgres.catalog import TargetColumn, table_columns, unique_keys
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.upsert import BOOL_OID, UpsertPlan
@@ -16,6 +16,8 @@ from sqlsink.tablename import TableName
 if TYPE_CHECKING:
     import pyarrow as pa
     import sqlalchemy as sa
+
+    from sqlsink.postgres.evolution import ColumnType
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,20 @@ def plan_target(
     field_names: Sequence[str],
     create_columns: Sequence[sa.Column[object]] | None,
     arrow_schema: pa.Schema | None = None,
+    column_type: ColumnType | None = None,
+    *,
+    before_changes: Callable[[], None] | None = None,
+    replanned: bool = False,
 ) -> TargetPlan:
     """Match the DataFrame's columns to the table's, creating the table if asked and missing.
 
     Every problem (columns, keys, and, given the DataFrame's ``arrow_schema``, each matched
     (DataFrame column, table column) pair the encoder cannot write) is reported at once,
-    before anything is written.
+    before anything is written. With ``schemaEvolution`` (``column_type`` gives a DataFrame
+    column's type, as createTable would create it) the table is first matched as it will
+    be after its changes; when nothing is refused (``before_changes``, the caller's other
+    refusals, raises none either), the changes are made (``evolution.apply_evolution``)
+    and the table planned again, which finds them.
     """
     table = options.table
     columns = table_columns(conn, table)
@@ -65,7 +75,14 @@ def plan_target(
             f"table {table} does not exist (or this role cannot see it): create it, "
             "or set the option createTable=true to create it from the DataFrame's schema"
         )
-    matched, pairs, problems = _match(columns, field_names, options)
+    evolution = None
+    if options.schema_evolution is not SchemaEvolution.NONE and column_type is not None:
+        from sqlsink.postgres.evolution import plan_evolution
+
+        evolution = plan_evolution(conn, options, columns, field_names, arrow_schema, column_type)
+        columns = list(evolution.columns)
+    unaddable = evolution.unaddable if evolution is not None else ()
+    matched, pairs, problems = _match(conn, columns, field_names, options, unaddable)
     upsert = None
     if options.mode is Mode.UPSERT:
         upsert, more = _plan_upsert(conn, options, [c.name for c in matched])
@@ -73,6 +90,8 @@ def plan_target(
     key = _ordering_key(conn, options, upsert, pairs)
     if arrow_schema is not None:
         problems += _type_problems(arrow_schema, pairs)
+    if evolution is not None:
+        problems += evolution.problems
     if problems:
         # each type problem names its own fix; the generic one is for the others
         generic = any("Fix:" not in problem for problem in problems)
@@ -85,14 +104,33 @@ def plan_target(
                 else ""
             )
         )
+    if evolution is not None and evolution.changes:
+        if replanned:  # changed by someone else between the ALTER and its re-planning
+            raise TransientError(
+                f"table {table} changed while the sink evolved it; start again",
+                table=str(table),
+            )
+        from sqlsink.postgres.evolution import apply_evolution
+
+        if before_changes is not None:
+            before_changes()
+        apply_evolution(conn, options, evolution)
+        return plan_target(
+            conn, options, field_names, None, arrow_schema, column_type, replanned=True
+        )
     return TargetPlan(table, tuple(matched), upsert, key)
 
 
 def _match(
-    columns: Sequence[TargetColumn], field_names: Sequence[str], options: SinkOptions
+    conn: Connection,
+    columns: Sequence[TargetColumn],
+    field_names: Sequence[str],
+    options: SinkOptions,
+    unaddable: Sequence[str] = (),
 ) -> tuple[list[TargetColumn], list[tuple[str, TargetColumn]], list[str]]:
     """The table column of each DataFrame column (exact name, else case-insensitive), the
-    (DataFrame name, column) pairs written, and every problem."""
+    (DataFrame name, column) pairs written, and every problem (but for the ``unaddable``
+    columns, whose own problem schema evolution reports)."""
     table, delete_column = options.table, options.delete_column
     by_name = {c.name: c for c in columns}
     by_lower = {c.name.lower(): c for c in columns}
@@ -104,6 +142,8 @@ def _match(
             matched.append(TargetColumn(name, BOOL_OID, "boolean", False, False))
             continue
         column = by_name.get(name) or by_lower.get(name.lower())
+        if column is None and name in unaddable:
+            continue
         if column is None:
             problems.append(f"column {name!r} of the DataFrame is not in table {table}")
         else:
@@ -112,10 +152,16 @@ def _match(
     written = {c.name for c in matched}
     for column in columns:
         if column.name not in written and column.not_null and not column.has_default:
-            problems.append(
+            problem = (
                 f"column {column.name!r} of table {table} is NOT NULL without a default, "
                 "and the DataFrame has no such column"
             )
+            if options.schema_evolution is not SchemaEvolution.NONE:  # the statement too
+                from sqlsink.postgres.evolution import drop_not_null
+
+                fix = drop_not_null(conn, table, column.name)
+                problem += f". Fix: {fix} (its rows are then written NULL), or give it a value"
+            problems.append(problem)
     if delete_column is not None and delete_column not in field_names:
         problems.append(f"deleteColumn {delete_column!r} is not a column of the DataFrame")
     return matched, pairs, problems

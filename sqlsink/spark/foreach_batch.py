@@ -208,6 +208,8 @@ class ForeachBatchWriter:
     - ``query_id``: the streaming query's id, for launch paths where Spark's local
       properties are not readable (e.g. Spark Connect); inside a classic foreachBatch
       it must match Spark's, and is not needed;
+    - ``schema_evolution``: the option ``schemaEvolution`` (``none``, ``addColumns``,
+      ``widen``) for every table the writer writes;
     - ``options``: any other option of the data source, by its name (``password``,
       ``createTable``, ``lockTimeout``, ``runTimeout``, ``keepBatches``,
       ``checkpointCheck``, ``transactionTimeout``, ``semantic``, ...); ``maxPartitions``
@@ -223,6 +225,7 @@ class ForeachBatchWriter:
         checkpoint_location: str | None = None,
         query_id: str | None = None,
         order_by_key: bool = True,
+        schema_evolution: str | None = None,
         **options: str,
     ) -> None:
         from sqlsink.core.gid import check_sink_id
@@ -257,6 +260,8 @@ class ForeachBatchWriter:
                     "whole batches"
                 )
         self.options = dict(options)
+        if schema_evolution is not None:  # the option schemaEvolution, for every table
+            self.options["schemaEvolution"] = schema_evolution
         probe = self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
         from sqlsink.spark.heartbeat import check_run_timeout
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
 from sqlsink.errors import ConfigError
-from sqlsink.options import Mode, Semantic, SinkOptions
+from sqlsink.options import Mode, SchemaEvolution, Semantic, SinkOptions
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def plan_write(
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
     from sqlsink.postgres.sessions import session
     from sqlsink.postgres.target import plan_target
-    from sqlsink.spark.types import arrow_schema, table_columns
+    from sqlsink.spark.types import arrow_schema, column_type, table_columns
 
     with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
         # server settings: an error stops here, before any data; warnings are logged once
@@ -62,7 +63,16 @@ def plan_write(
             ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
         create = table_columns(schema) if options.create_table else None
         arrow = arrow_schema(schema)
-        plan = plan_target(conn, options, schema.fieldNames(), create, arrow)
+        evolving = options.schema_evolution is not SchemaEvolution.NONE  # its types: lazily
+        types = (lambda name: column_type(schema[name].dataType, name)) if evolving else None
+        check_view = (  # a view's refusals come before a schema change too
+            partial(views.check_before_writing, conn, view, options.table, sink_id)
+            if view is not None
+            else None
+        )
+        plan = plan_target(
+            conn, options, schema.fieldNames(), create, arrow, types, before_changes=check_view
+        )
         if view is not None:  # refusals before any data; the committer creates the view
             views.check_before_writing(conn, view, options.table, sink_id)
         return plan

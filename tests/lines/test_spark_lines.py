@@ -98,3 +98,40 @@ def test_a_crash_and_restart_on_every_pyspark_line(
         restarted(tables)
     finally:
         tables.drop()
+
+
+@pytest.mark.parametrize("line", ["3.5"])
+def test_the_foreach_batch_writer_adds_a_column_on_the_oldest_line(
+    line: str, tmp_path: Path, pg_url: str, pg_server: PgServer
+) -> None:
+    """schema_evolution="addColumns" (issue 29 item 1) on the oldest line; on the suite's
+    own: tests/spark/test_schema_evolution.py."""
+    python = str(ensure_env(LINES[line]))
+    table = f"ev_{uuid.uuid4().hex[:8]}"
+    write_source(tmp_path / "src", [range(0, 20), range(20, 50)])
+    env = {**os.environ, **line_env(), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    env.pop("SQLSINK_FAULTS_FILE", None)
+    args = [pg_url, table, str(tmp_path / "src"), str(tmp_path)]
+    run = run_program(
+        "-m", "tests.lines.evolve_program", *args, timeout=600, env=env, python=python
+    )
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        assert report["pyspark"] == LINES[line]
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id, amount, ts IS NULL FROM {} ORDER BY id").format(
+                    sql.Identifier(table)
+                )
+            ).fetchall()
+            prepared = conn.execute(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s",
+                ("%" + table.replace("_", "-") + "%",),
+            ).fetchone()
+        assert rows == [(i, None, True) for i in range(50)] + [
+            (i, i / 4, False) for i in range(50, 80)
+        ]
+        assert prepared == (0,)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))

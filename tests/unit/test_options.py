@@ -103,3 +103,15 @@ def test_a_fix_line_leaves_the_password_out_instead_of_masking_it(url: str, bare
     """Issue 15 item 4: '***' in a command cannot be pasted; no password can."""
     assert without_password(url) == (bare, True)
     assert without_password(bare) == (bare, False)
+
+
+def test_schema_evolution_is_checked_and_case_insensitive() -> None:
+    parsed = SinkOptions.parse(
+        {"url": "postgresql://x/y", "table": "t", "SCHEMAEVOLUTION": "ADDCOLUMNS"}
+    )
+    assert parsed.schema_evolution.value == "addColumns"
+    with pytest.raises(ConfigError) as caught:
+        SinkOptions.parse({"url": "postgresql://x/y", "table": "t", "schemaEvolution": "drop"})
+    assert str(caught.value) == (
+        "option schemaEvolution: unknown value 'drop' (choose one of none, addColumns, widen)"
+    )
