@@ -20,13 +20,10 @@ import pyarrow as pa
 import pytest
 
 from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.encoding import (
-    Body,
-    Fields,
-    assemble,
-    build_encoder,
-    numeric_bytes,
-)
+from sqlsink.postgres.encoding import build_encoder
+from sqlsink.postgres.encoding.fields import Body, Fields
+from sqlsink.postgres.encoding.layout import assemble
+from sqlsink.postgres.encoding.numeric import numeric_bytes
 
 UTC = dt.timezone.utc
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=UTC)

@@ -45,10 +45,6 @@ Semantics worth knowing:
 from __future__ import annotations
 
 from sqlsink.postgres.encoding.builder import build_encoder
-from sqlsink.postgres.encoding.fields import Body as Body
-from sqlsink.postgres.encoding.fields import Fields as Fields
-from sqlsink.postgres.encoding.layout import assemble as assemble
-from sqlsink.postgres.encoding.numeric import numeric_bytes as numeric_bytes
 from sqlsink.postgres.encoding.writer import (
     COPY_HEADER,
     COPY_TRAILER,
