@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
+from sqlsink.conninfo import with_params
 from sqlsink.core.checkpoint_check import CheckpointMode
 from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S
 from sqlsink.core.gid import check_sink_id
 from sqlsink.core.resolver import TimeoutPolicy
+from sqlsink.credentials import DEFAULT_CACHE_S, PasswordSource
 from sqlsink.errors import ConfigError
-from sqlsink.postgres.connection import with_params
-from sqlsink.postgres.credentials import DEFAULT_CACHE_S, PasswordSource
 from sqlsink.tablename import TableName
 
 

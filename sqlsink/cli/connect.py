@@ -6,9 +6,9 @@ import os
 
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import CliError
+from sqlsink.credentials import PasswordSource
 from sqlsink.postgres import appnames
 from sqlsink.postgres.connection import Connection, connect
-from sqlsink.postgres.credentials import PasswordSource
 from sqlsink.postgres.schema import sql_dir
 from sqlsink.postgres.survey import decisions as pg_decisions
 from sqlsink.postgres.survey import roles as pg_roles

@@ -24,8 +24,9 @@ from sqlsink.cli.contract import (
     NoticeLevel,
     SessionJson,
 )
-from sqlsink.postgres.connection import redact, secrets_of, shown, without_password
-from sqlsink.postgres.credentials import known_passwords
+from sqlsink.conninfo import redact, shown
+from sqlsink.credentials import known_passwords
+from sqlsink.postgres.connection import secrets_of, without_password
 from sqlsink.postgres.survey import roles as pg_roles
 from sqlsink.postgres.survey import sessions as pg_sessions
 

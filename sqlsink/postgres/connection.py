@@ -10,8 +10,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from sqlsink.conninfo import params_of, redact, shown
+from sqlsink.credentials import PasswordSource, known_passwords
 from sqlsink.errors import ConfigError, TransientError
-from sqlsink.postgres.credentials import PasswordSource, auth_failed, known_passwords
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 # a password as given: none (the URL, PGPASSWORD, .pgpass), fixed, or asked for at connect
@@ -34,52 +35,12 @@ BOUNDED_WAITS = {
 
 def conninfo(url: str, password: str | None = None) -> str:
     """A libpq conninfo from a URI or key=value string (a 'jdbc:' prefix is accepted)."""
-    params = _params(url)
+    params = params_of(url)
     if password is not None:
         params["password"] = password
     for name, value in BOUNDED_WAITS.items():  # unless the URL says otherwise
         params.setdefault(name, value)
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})
-
-
-def with_params(url: str, params: Mapping[str, str]) -> str:
-    """The connection string with libpq parameters set (e.g. the TLS options: sslmode,
-    sslrootcert, ...), overriding the URL's; unchanged when there are none."""
-    if not params:
-        return url
-    merged = _params(url) | dict(params)
-    return make_conninfo(**{k: v for k, v in merged.items() if v is not None})
-
-
-def _params(url: str) -> dict[str, Any]:
-    url = url.removeprefix("jdbc:")
-    try:
-        return conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        # libpq's message quotes the part it could not read, which may be the password,
-        # and a string that cannot be parsed cannot be scrubbed reliably: say nothing of it
-        raise ConfigError(
-            f"invalid url {shown(url)!r}: it is neither a postgresql:// URI nor a key=value "
-            "connection string that libpq can read. In a URI, percent-encode special "
-            "characters of the user and password ('%' as %25, '@' as %40, ':' as %3A, "
-            "'/' as %2F); in key=value form, quote values with spaces ('...'); or pass the "
-            "password with the password option (or PGPASSWORD / .pgpass)"
-        ) from None
-
-
-def shown(url: str) -> str:
-    """The connection string as it may be shown: without any password, even unparsable."""
-    url = url.removeprefix("jdbc:")
-    try:
-        conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        if "://" not in url:
-            return "(a key=value connection string that cannot be parsed, not shown)"
-        scheme, rest = url.split("://", 1)
-        if "@" in rest:  # the user info may hold the password: keep only what follows it
-            rest = "***@" + rest.rsplit("@", 1)[1]
-        return redact(f"{scheme}://{rest}")
-    return redact(url)
 
 
 def without_password(url: str) -> tuple[str, bool]:
@@ -93,13 +54,6 @@ def without_password(url: str) -> tuple[str, bool]:
         pattern = r"\s*\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"
         bare = re.sub(pattern, "", url, flags=re.IGNORECASE).strip()
     return bare, bare != url
-
-
-def redact(url: str) -> str:
-    """The connection string with any password replaced by '***'."""
-    url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
-    url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def secrets_of(url: str, password: Password = None) -> list[str]:
@@ -185,12 +139,19 @@ def connect(url: str, password: Password = None, *, application_name: str) -> Co
     return conn
 
 
+def auth_failed(message: str, sqlstate: str | None = None) -> bool:
+    """Whether a failed connect was the server refusing the password (28P01). libpq
+    reports a failed login as text only, so the server's message is read too."""
+    text = message.lower()
+    return sqlstate == "28P01" or "password authentication failed" in text or "28p01" in text
+
+
 def why_not_connected(url: str, text: str, sqlstate: str | None) -> str:
     """The cause of a failed connect in one sentence naming host:port, with its fix (the
     first thing a user reads of the error; libpq's own text follows it). No secret: only
     the host, port, user and database are named."""
     try:
-        params = _params(url)
+        params = params_of(url)
     except ConfigError:
         params = {}
     host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")

@@ -38,8 +38,8 @@ from collections.abc import Iterator
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from sqlsink.credentials import PasswordSource
 from sqlsink.postgres.connection import Connection, Password, connect
-from sqlsink.postgres.credentials import PasswordSource
 
 IDLE_NAME = "sqlsink idle"
 IDLE_TIMEOUT_S = 60

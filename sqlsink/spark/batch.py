@@ -9,30 +9,56 @@ decided empty, and a part of a batch already decided is a replay or refused
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlsink.core.model import Decision, PartitionOutcome
 from sqlsink.core.writer_batch import PartStart
 from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, Semantic, SinkOptions
+from sqlsink.spark.handovers import HANDED, WATCHES
+from sqlsink.spark.identity import PROCESS_RUNS, Identity, in_stream
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
-    from sqlsink.spark.foreach_batch import ForeachBatchWriter, Identity
     from sqlsink.spark.plan import CommitterSession
 
 log = logging.getLogger("sqlsink")
+
+
+class Writer(Protocol):
+    """What a batch asks of the writer whose block it is (``ForeachBatchWriter``): the
+    sink, its options for a table, who writes the batch, and the once-per-writer notice
+    of the key-order trap. The writer's state stays the writer's."""
+
+    @property
+    def sink_id(self) -> str: ...
+
+    @property
+    def order_by_key(self) -> bool: ...
+
+    def sink_options(
+        self,
+        table: str,
+        *,
+        mode: str = ...,
+        key: Sequence[str] | None = ...,
+        delete_column: str | None = ...,
+        checkpoint: str | None = ...,
+        view: str | None = ...,
+    ) -> SinkOptions: ...
+
+    def identity(self, session: Any, batch_id: int) -> Identity: ...
+
+    def warn_trap(self, batch_id: int, written: Sequence[PartitionOutcome | None]) -> None: ...
 
 
 class Batch:
     """One batch of a ForeachBatchWriter: its parts are prepared by Spark jobs as they are
     given; leaving the block decides and commits them all, or aborts them all."""
 
-    def __init__(self, writer: ForeachBatchWriter, batch_id: int) -> None:
+    def __init__(self, writer: Writer, batch_id: int) -> None:
         self.writer = writer
         self.batch_id = batch_id
         self.identity: Identity | None = None
@@ -43,10 +69,12 @@ class Batch:
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
         # the consistent views the batch's parts name: view -> its table (kept at commit)
         self.views: dict[TableName, TableName] = {}
+        # the tables its parts upserted or replaced so far, each with its part and mode
+        self.rewritten: dict[TableName, tuple[int, Mode]] = {}
         self.decision: Decision | None = None  # the batch's decision when it was handed over
         self.start: PartStart | None = None  # what its parts do (core/writer_batch.py)
         self.handed_before = False  # this run handed this batch over before, in this process
-        # whether the batch runs inside the stream's foreachBatch (``_in_stream``), as the
+        # whether the batch runs inside the stream's foreachBatch (``in_stream``), as the
         # hand-over found it
         self.in_stream = False
         self.began = False  # the hand-over began (``WATCHES``: a wrapped call sees it)
@@ -108,7 +136,14 @@ class Batch:
         self._judge(str(options.table))  # a second write, or a replay: before any job
         from sqlsink.spark.plan import check_part  # views vs the batch's other parts
 
-        check_part(self, options)
+        check_part(
+            options,
+            sink_id=writer.sink_id,
+            batch_id=self.batch_id,
+            part=self.parts,
+            views=self.views,
+            rewritten=self.rewritten,
+        )
         self._add_view(options)
         if self.first_options is None:
             self.first_options = options
@@ -142,7 +177,7 @@ class Batch:
         heartbeat.before_job(self, options, writer.sink_id, identity.run_id, identity.query_id)
         written = prepare_part(df, options, target, identity, self.batch_id, part)
         self.outcomes += written
-        self._check_key_ranges(written)
+        self.writer.warn_trap(self.batch_id, written)
 
     def _add_view(self, options: SinkOptions) -> None:
         """A view names one table, in every part of the batch that gives it."""
@@ -157,23 +192,12 @@ class Batch:
                 "Name a view per table. Nothing of the batch is committed"
             )
 
-    def _check_key_ranges(self, written: list[PartitionOutcome | None]) -> None:
-        """The key-order trap, per DataFrame (with order_by_key=False, or a table whose
-        key the DataFrame does not write): said once per writer."""
-        from sqlsink.core.key_ranges import trap_warning, unordered
-
-        found = None if self.writer.trap_warned else unordered(written)
-        if found is not None:
-            log.warning(trap_warning(self.writer.sink_id, self.batch_id, *found))
-            self.writer.trap_warned = True
-
     def _hand_over(self, session: Any) -> Identity:
         """Once per batch, before its first job or its empty decision: who writes it,
         the binding and forward-only checks, this batch's decision as it stands, and the
         batches this run never handed to the writer (decided empty, with a warning)."""
         if self.identity is not None:
             return self.identity
-        from sqlsink.spark.foreach_batch import HANDED, WATCHES
         from sqlsink.spark.support import is_connect, require_foreach_batch
 
         if not self.began:
@@ -186,14 +210,14 @@ class Batch:
         sink_id = self.writer.sink_id
         # a stream's run hands its batches in order, once each; an operator's writer
         # outside the stream (writer.skip) is neither counted nor judged so
-        self.in_stream = in_stream = _in_stream(session, self.batch_id)
-        self.handed_before = in_stream and HANDED.handed(sink_id, identity.run_id, self.batch_id)
+        self.in_stream = inside = in_stream(session, self.batch_id)
+        self.handed_before = inside and HANDED.handed(sink_id, identity.run_id, self.batch_id)
         self.identity = identity
         # this run's earlier batches whose hand-over ended undecided (their error caught)
-        failed = HANDED.failed_before(sink_id, identity.run_id, self.batch_id) if in_stream else []
+        failed = HANDED.failed_before(sink_id, identity.run_id, self.batch_id) if inside else []
         self.decision = self._check_writer(failed)
         # counted once its checks passed: a refused hand-over is not a first one
-        gap = HANDED.hand(sink_id, identity.run_id, self.batch_id) if in_stream else range(0)
+        gap = HANDED.hand(sink_id, identity.run_id, self.batch_id) if inside else range(0)
         if gap:
             self._fill_gap(gap, identity)
         return identity
@@ -312,8 +336,6 @@ class Batch:
         """The block ended, decided (``error`` None) or not: said to a wrapped call of the
         batch (``WATCHES``) and, inside the stream, to the run's record (``HANDED``): a
         later hand-over of this run refuses after a failed one the function caught."""
-        from sqlsink.spark.foreach_batch import HANDED, PROCESS_RUNS, WATCHES
-
         sink_id, identity = self.writer.sink_id, self.identity
         if self.committed:
             error = None  # an error after the decision (a check after the commit)
@@ -413,38 +435,7 @@ class Batch:
         if not identity.from_spark:
             # the run marked this batch aborted: a retry of it in this process must be a
             # new run (Spark's own run ends with the failed query, so it never retries)
-            from sqlsink.spark.foreach_batch import PROCESS_RUNS
-
             PROCESS_RUNS.renew(self.writer.sink_id, identity.query_id, identity.run_id)
-
-
-def _in_stream(session: Any, batch_id: int) -> bool:
-    """Whether this runs inside foreachBatch for ``batch_id``: Spark's batch property on
-    this driver thread says so. On Spark Connect it is not readable: inside only in the
-    Connect server's foreachBatch worker (the process that runs the function); a Connect
-    client's session (an operator's notebook, its ``writer.skip``) is outside."""
-    from sqlsink.spark.foreach_batch import spark_batch_id
-    from sqlsink.spark.support import is_connect
-
-    if session is not None and is_connect(session):
-        return in_connect_worker()
-    return spark_batch_id(session) == batch_id
-
-
-# the module Spark Connect's server runs (``python -m``) to call a foreachBatch function
-CONNECT_WORKER = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
-
-
-def in_connect_worker() -> bool:
-    """Whether this process is a Spark Connect server's foreachBatch worker (its main
-    module is PySpark's ``foreach_batch_worker``): the only Connect process inside a
-    stream; a Connect client (a notebook, an operator's script) is not."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if getattr(spec, "name", None) == CONNECT_WORKER:
-        return True
-    path = str(getattr(main, "__file__", None) or "")
-    return path.endswith(os.path.join("connect", "streaming", "worker", "foreach_batch_worker.py"))
 
 
 def _check_outside(

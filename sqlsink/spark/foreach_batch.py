@@ -58,132 +58,28 @@ the committer keeps each view of the batch before its decision; every view of th
 hides the rows of its batches not yet complete, so views of several tables agree in any
 one snapshot (``sqlsink.postgres.views``).
 
-The batch and its parts are in ``spark/batch.py``, the shaping of each DataFrame and
-its Spark job in ``spark/parts.py``.
+Here the writer's face (``to``, ``batch``, ``skip``, ``wrap``); one batch's block is
+``spark/batch.py``, each DataFrame's shape and Spark job ``spark/parts.py``, who writes
+a batch ``spark/identity.py``, what this process knows of the hand-overs
+``spark/handovers.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import threading
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlsink.core.writer_batch import HandedBatches
+from sqlsink.core.model import PartitionOutcome
 from sqlsink.errors import ConfigError
-from sqlsink.options import SinkOptions, checkpoint_query_id
+from sqlsink.options import SinkOptions
+from sqlsink.spark.handovers import HANDED, WATCHES
+from sqlsink.spark.identity import PROCESS_RUNS, Identity, identify, in_stream
 
 if TYPE_CHECKING:
     from sqlsink.spark.batch import Batch
 
 log = logging.getLogger("sqlsink")
-
-_QUERY_ID = "sql.streaming.queryId"
-_BATCH_ID = "streaming.sql.batchId"
-_RUN_ID = "spark.jobGroup.id"  # a streaming query's run id, set on its micro-batch thread
-
-# the last batch each run handed to a writer of each sink in this process: every writer
-# object of a sink adds to it, so that none decides empty a batch another one was handed
-HANDED = HandedBatches()
-
-
-class ProcessRuns:
-    """The run id this process makes where Spark's is not readable (Spark Connect, a
-    writer outside the stream): one per (sink, query) in the process, shared by every
-    writer object of that sink and query, so that two writer objects of one sink in one
-    foreachBatch function are one run (a second hand-over of a batch is refused, a batch
-    skipped between their hand-overs is filled), never two. A new process (a restart of
-    a Connect server's foreachBatch worker, an operator's script) makes a new one; so
-    does an abort (``renew``): a retry of the batch in this process is a new run.
-    Thread-safe (queries of one driver run their functions on their own threads)."""
-
-    def __init__(self) -> None:
-        self._ids: dict[tuple[str, str], str] = {}
-        self._lock = threading.Lock()
-
-    def get(self, sink_id: str, query_id: str) -> str:
-        with self._lock:
-            return self._ids.setdefault((sink_id, query_id), uuid.uuid4().hex)
-
-    def renew(self, sink_id: str, query_id: str, old: str) -> None:
-        """The run ``old`` aborted a batch: the next hand-over is a new run (unless
-        another thread renewed it already)."""
-        with self._lock:
-            if self._ids.get((sink_id, query_id)) == old:
-                self._ids[(sink_id, query_id)] = uuid.uuid4().hex
-
-    def clear(self) -> None:
-        """Forget every run id (what a new process starts with)."""
-        with self._lock:
-            self._ids.clear()
-
-
-PROCESS_RUNS = ProcessRuns()
-
-
-class CallWatch:
-    """The blocks of one batch of one sink during one wrapped call: whether one ended
-    decided, the error of the last one if it ended undecided (a retry that decided after
-    a failure clears it; a failure after a decision does not), how many are still open.
-    Known whatever the run id (an abort renews the process's run id)."""
-
-    def __init__(self, sink_id: str, batch_id: int) -> None:
-        self.key = (sink_id, batch_id)
-        self.open = 0
-        self.decided = False
-        self.error: BaseException | None = None
-
-
-class CallWatches:
-    """The wrapped calls running in this process (``wrap``); every ``Batch`` block of
-    their (sink, batch) reports to them. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._watches: list[CallWatch] = []
-        self._lock = threading.Lock()
-
-    def watch(self, sink_id: str, batch_id: int) -> CallWatch:
-        watch = CallWatch(sink_id, batch_id)
-        with self._lock:
-            self._watches.append(watch)
-        return watch
-
-    def unwatch(self, watch: CallWatch) -> None:
-        with self._lock:
-            self._watches.remove(watch)
-
-    def _of(self, sink_id: str, batch_id: int) -> list[CallWatch]:
-        return [w for w in self._watches if w.key == (sink_id, batch_id)]
-
-    def handed(self, sink_id: str, batch_id: int) -> None:
-        """A block of the batch handed it to the writer."""
-        with self._lock:
-            for watch in self._of(sink_id, batch_id):
-                watch.open += 1
-
-    def ended(self, sink_id: str, batch_id: int, handed: bool, error: BaseException | None) -> None:
-        """A block of the batch ended: decided (``error`` None) or not."""
-        with self._lock:
-            for watch in self._of(sink_id, batch_id):
-                watch.open -= 1 if handed and watch.open else 0
-                watch.decided = watch.decided or error is None
-                watch.error = error
-
-
-WATCHES = CallWatches()
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who writes a batch: the streaming query, its run, and where its checkpoint is."""
-
-    query_id: str
-    run_id: str
-    checkpoint: str | None
-    from_spark: bool  # query and run ids read from Spark (else given and process-made)
 
 
 class ForeachBatchWriter:
@@ -237,7 +133,7 @@ class ForeachBatchWriter:
         self.checkpoint_location = checkpoint_location
         self.query_id = query_id
         self.order_by_key = order_by_key
-        self.trap_warned = False  # the key-order trap is said once per writer
+        self._trap_warned = False  # the key-order trap is said once per writer
         reserved = {"url", "table", "sinkid", "mode", "keycolumns", "deletecolumn"}
         given = sorted(k for k in options if k.lower() in reserved)
         if given:
@@ -273,6 +169,26 @@ class ForeachBatchWriter:
         a writer unpickled in another process (Spark Connect runs foreachBatch in a Python
         worker of its server, one per query start) is in a run of that process."""
         return PROCESS_RUNS.get(self.sink_id, query_id)
+
+    def identity(self, session: Any, batch_id: int) -> Identity:
+        """The query, run and checkpoint of this batch; refuses rather than guesses."""
+        return identify(
+            session,
+            batch_id,
+            sink_id=self.sink_id,
+            query_id=self.query_id,
+            checkpoint_location=self.checkpoint_location,
+        )
+
+    def warn_trap(self, batch_id: int, written: Sequence[PartitionOutcome | None]) -> None:
+        """The key-order trap, per DataFrame (with order_by_key=False, or a table whose
+        key the DataFrame does not write): said once per writer."""
+        from sqlsink.core.key_ranges import trap_warning, unordered
+
+        found = None if self._trap_warned else unordered(written)
+        if found is not None:
+            log.warning(trap_warning(self.sink_id, batch_id, *found))
+            self._trap_warned = True
 
     def sink_options(
         self,
@@ -374,189 +290,8 @@ class ForeachBatchWriter:
         """After a wrapped function returned: skip the batch unless this run handed it to
         a writer of the sink (``HANDED``). Only inside the stream (Spark runs this batch
         on this thread, or Spark Connect): outside it nothing is counted, nothing done."""
-        from sqlsink.spark.batch import _in_stream
-
-        if not _in_stream(session, batch_id):
+        if not in_stream(session, batch_id):
             return
         identity = self.identity(session, batch_id)
         if not HANDED.handed(self.sink_id, identity.run_id, batch_id):
             self.skip(batch_id)
-
-    def identity(self, session: Any, batch_id: int) -> Identity:
-        """The query, run and checkpoint of this batch; refuses rather than guesses."""
-        props = _local_properties(session)
-        query, run, batch = props.get(_QUERY_ID), props.get(_RUN_ID), props.get(_BATCH_ID)
-        if batch is not None and batch.isdigit() and int(batch) != batch_id:
-            raise ConfigError(
-                f"sink {self.sink_id!r}: called with batch id {batch_id}, but Spark is running "
-                f"batch {batch} of its query: pass foreachBatch's own batch id"
-            )
-        if query:
-            if self.query_id is not None and self.query_id != query:
-                raise ConfigError(
-                    f"sink {self.sink_id!r}: query_id={self.query_id!r} was given, but this "
-                    f"foreachBatch runs in streaming query {query}: drop the argument"
-                )
-            checkpoint = self.checkpoint_location or _running_checkpoint(session, query)
-            if run:
-                check_job_group(self.sink_id, batch_id, run, _running_run_id(session, query))
-                return Identity(query, run, checkpoint, from_spark=True)
-            return Identity(query, self.process_run_id(query), checkpoint, from_spark=False)
-        from_checkpoint = checkpoint_query_id(self.checkpoint_location)
-        if self.query_id is not None and from_checkpoint not in (None, self.query_id):
-            raise ConfigError(
-                f"sink {self.sink_id!r}: query_id={self.query_id!r} was given, but the "
-                f"checkpoint {self.checkpoint_location} belongs to query {from_checkpoint}: "
-                "drop query_id"
-            )
-        given = self.query_id or from_checkpoint
-        if given is None:
-            raise ConfigError(
-                f"sink {self.sink_id!r}: no streaming query id: Spark's local property "
-                f"{_QUERY_ID} is not readable here (Spark Connect runs foreachBatch in a "
-                "session that hides it, or this is not inside foreachBatch of a streaming "
-                "query)"
-                + (
-                    f", and the checkpoint {self.checkpoint_location} has no readable "
-                    "metadata file here"
-                    if self.checkpoint_location
-                    else ""
-                )
-                + ". sqlsink does not guess a writer identity: pass the query's checkpoint, "
-                "ForeachBatchWriter(..., checkpoint_location=<the checkpointLocation of the "
-                "query>) (its query id is read from it), or query_id=<the query's id>"
-            )
-        self._refuse_off_thread(session, given, batch_id)
-        return Identity(given, self.process_run_id(given), self.checkpoint_location, False)
-
-    def _refuse_off_thread(self, session: Any, query_id: str, batch_id: int) -> None:
-        """Classic Spark, no local properties on this thread, yet the writer's query runs
-        in this Spark session: the function handed the batch over on a thread of its own
-        (a thread pool), which Spark's thread-local properties do not reach. Refused: the
-        process-made run id there is not the query's run (the same at a restart in this
-        process), and the call would pass for an operator's from outside the stream."""
-        from sqlsink.spark.support import is_connect
-
-        if session is not None and is_connect(session):
-            return
-        if not _query_active(session, query_id):
-            return
-        raise ConfigError(
-            f"sink {self.sink_id!r}: the writer was called for batch {batch_id} on thread "
-            f"{threading.current_thread().name!r}, which does not carry Spark's thread-local "
-            f"properties ({_QUERY_ID}, {_RUN_ID}, {_BATCH_ID}), while its streaming query "
-            f"{query_id} is running in this Spark session: a thread started inside the "
-            "foreachBatch function (a concurrent.futures.ThreadPoolExecutor, a "
-            "threading.Thread) does not inherit them, so the writer cannot tell the query's "
-            "run (it would take the call for an operator's from outside the stream). Nothing "
-            f"was written for batch {batch_id}. Fix: call the writer on foreachBatch's own "
-            "thread, or run the thread's target through pyspark.inheritable_thread_target "
-            "(pool.submit(inheritable_thread_target(target), ...)) or a "
-            "pyspark.InheritableThread; an operator's writer.skip outside the stream waits "
-            "until the query is stopped",
-            sink_id=self.sink_id,
-            batch=batch_id,
-            query_id=query_id,
-        )
-
-
-def spark_batch_id(session: Any) -> int | None:
-    """The batch Spark runs on this driver thread (inside foreachBatch), else None."""
-    batch = _local_properties(session).get(_BATCH_ID) if session is not None else None
-    return int(batch) if batch is not None and batch.isdigit() else None
-
-
-def _local_properties(session: Any) -> dict[str, str]:
-    """Spark's local properties of this driver thread; empty where they are not readable
-    (Spark Connect has no SparkContext on the client)."""
-    try:
-        context = session.sparkContext
-        values = {name: context.getLocalProperty(name) for name in (_QUERY_ID, _RUN_ID, _BATCH_ID)}
-    except Exception:  # no SparkContext here (Spark Connect): nothing to read
-        return {}
-    return {k: v for k, v in values.items() if v}
-
-
-def _running_query(session: Any, query_id: str) -> Any:
-    """The running query of this id, through this session or the driver's (the session
-    of foreachBatch's DataFrame may be a clone with its own query manager); None."""
-    from pyspark.sql import SparkSession
-
-    for candidate in (session, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()):
-        if candidate is None:
-            continue
-        query = candidate.streams.get(query_id)
-        if query is not None:
-            return query
-    return None
-
-
-def _query_active(session: Any, query_id: str) -> bool:
-    """Whether the query of this id is active in this process's classic Spark (a
-    SparkContext runs here); False where there is none, or it is not readable."""
-    from pyspark import SparkContext
-
-    if SparkContext._active_spark_context is None:  # no classic Spark in this process
-        return False
-    try:
-        query = _running_query(session, query_id)
-        return query is not None and bool(query.isActive)
-    except Exception as exc:  # e.g. a query_id= that is not a UUID
-        log.debug("sqlsink: whether query %s is active is not readable: %s", query_id, exc)
-    return False
-
-
-def _running_checkpoint(session: Any, query_id: str) -> str | None:
-    """The resolved checkpoint of the running query, through the JVM (not a public API:
-    guarded, None when this Spark does not offer it)."""
-    try:
-        query = _running_query(session, query_id)
-        if query is not None:
-            root = query._jsq.streamingQuery().resolvedCheckpointRoot()
-            return str(root) if root else None
-    except Exception as exc:  # an internal API: absent on other versions
-        log.debug("sqlsink: the running query's checkpoint is not readable: %s", exc)
-    return None
-
-
-def _running_run_id(session: Any, query_id: str) -> str | None:
-    """The running query's run id (``StreamingQuery.runId``), None where not readable."""
-    try:
-        query = _running_query(session, query_id)
-        return None if query is None else str(query.runId)
-    except Exception as exc:
-        log.debug("sqlsink: the running query's run id is not readable: %s", exc)
-    return None
-
-
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
-
-
-def check_job_group(sink_id: str, batch_id: int, group: str, running: str | None) -> None:
-    """Spark sets the job group of a query's micro-batch thread to the query's run id,
-    which the writer takes for the run's identity; a user's ``setJobGroup`` on that
-    thread replaces it (its string is the same at every restart: a restart would look
-    like the same run, its replay like a second write). Refused unless the job group is
-    UUID-shaped and, where the running query's run id is readable, that very id."""
-    if _UUID.fullmatch(group) and running in (None, group):
-        return
-    what = (
-        f"not the running query's run id {running}"
-        if running is not None
-        else "not a streaming query's run id (a UUID)"
-    )
-    raise ConfigError(
-        f"sink {sink_id!r}: Spark's job group on this foreachBatch thread is {group!r}, "
-        f"{what}: a setJobGroup call on this thread (in the foreachBatch function, or code "
-        "it calls) replaced the one Spark sets to the query's run id, which is the "
-        "writer's identity of the run (with it, a restart would look like the same run). "
-        f"Nothing was written for batch {batch_id}. Fix: don't call setJobGroup on the "
-        "foreachBatch thread (sc.setJobDescription labels jobs without it), or restore "
-        "Spark's before handing the batch to the writer: keep "
-        "sc.getLocalProperty('spark.jobGroup.id') before your setJobGroup and call "
-        "sc.setJobGroup(kept, ...) with it afterwards",
-        sink_id=sink_id,
-        batch=batch_id,
-        job_group=group,
-        run_id=running,
-    )

@@ -14,7 +14,7 @@ from sqlsink.options import Mode, SinkOptions
 
 if TYPE_CHECKING:
     from sqlsink.postgres.target import TargetPlan
-    from sqlsink.spark.foreach_batch import Identity
+    from sqlsink.spark.identity import Identity
 
 _OUTCOME_SCHEMA = "outcome binary"
 

@@ -5,8 +5,7 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
@@ -20,7 +19,6 @@ from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
     from sqlsink.postgres.target import TargetPlan
-    from sqlsink.spark.batch import Batch
 
 
 def plan_write(
@@ -78,49 +76,51 @@ def plan_write(
         return plan
 
 
-# the foreachBatch writer's batches: the tables their parts wrote with mode upsert or
-# replace so far, each with its part (a batch's views are its own: ``Batch.views``)
-_REWRITTEN: weakref.WeakKeyDictionary[Batch, dict[TableName, tuple[int, Mode]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def check_part(batch: Batch, options: SinkOptions) -> None:
+def check_part(
+    options: SinkOptions,
+    *,
+    sink_id: str,
+    batch_id: int,
+    part: int,
+    views: Mapping[TableName, TableName],
+    rewritten: MutableMapping[TableName, tuple[int, Mode]],
+) -> None:
     """The foreachBatch writer, before a part's job: refuse an upsert or replace into a
     table that a view given by an earlier part of the batch shows, and a view over a
     table that an earlier part upserted or replaced (``views.rewrites``; the views made
     by earlier batches are looked up by ``plan_write``). The batch's views are made at
-    its commit, so they are not in the database yet. A refused part writes nothing; the
-    error leaving the batch's block aborts what earlier parts prepared."""
-    rewritten = _REWRITTEN.setdefault(batch, {})
+    its commit, so they are not in the database yet. ``part``: this part's index;
+    ``views``: the batch's views so far (view -> its table); ``rewritten``: the tables its
+    parts upserted or replaced so far, each with its part and mode (this part's is added).
+    A refused part writes nothing; the error leaving the batch's block aborts what
+    earlier parts prepared."""
     mode, table, view = options.mode, options.table, options.consistent_view
-    sink, batch_id = batch.writer.sink_id, batch.batch_id
-    if mode is not Mode.APPEND and batch.views:
-        shown = _shown(options, table, batch.views)
+    if mode is not Mode.APPEND and views:
+        shown = _shown(options, table, views)
         if shown is not None:
-            where = f"sink {sink}: batch {batch_id}, part {batch.parts}"
-            text = _rewrite_refusal(where, table, mode, shown, batch.views[shown])
+            where = f"sink {sink_id}: batch {batch_id}, part {part}"
+            text = _rewrite_refusal(where, table, mode, shown, views[shown])
             raise ConfigError(
                 f"{text}. An earlier part of this batch gives the view; nothing of the "
                 "batch is committed",
                 batch=batch_id,
             )
     if view is not None:
-        for written, (part, written_mode) in rewritten.items():
+        for written, (written_part, written_mode) in rewritten.items():
             if _shown(options, written, {view: table}) is not None:
-                where = f"sink {sink}: batch {batch_id}, part {part}"
+                where = f"sink {sink_id}: batch {batch_id}, part {written_part}"
                 text = _rewrite_refusal(where, written, written_mode, view, table)
                 raise ConfigError(
-                    f"{text}. Part {batch.parts} of this batch gives the view {view} of "
+                    f"{text}. Part {part} of this batch gives the view {view} of "
                     f"table {table}; nothing of the batch is committed",
                     batch=batch_id,
                 )
     if mode is not Mode.APPEND:
-        rewritten.setdefault(table, (batch.parts, mode))
+        rewritten.setdefault(table, (part, mode))
 
 
 def _shown(
-    options: SinkOptions, table: TableName, views: dict[TableName, TableName]
+    options: SinkOptions, table: TableName, views: Mapping[TableName, TableName]
 ) -> TableName | None:
     """The first of ``views`` (view -> its table) that shows rows of ``table``: over the
     table itself, else (a catalog read, only then) over a descendant or an ancestor."""

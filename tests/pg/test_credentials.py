@@ -20,11 +20,11 @@ import pytest
 
 from sqlsink import cli
 from sqlsink.core.model import NewDecision
+from sqlsink.credentials import PasswordSource
 from sqlsink.errors import TransientError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import connect
-from sqlsink.postgres.credentials import PasswordSource
 from sqlsink.postgres.partition import write_partition
 from tests.fix_auth import (
     PasswordServer,

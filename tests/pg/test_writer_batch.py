@@ -33,7 +33,7 @@ from sqlsink.core.writer_batch import (
 from sqlsink.errors import ConfigError, DataLossError
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import migrations
-from sqlsink.spark.foreach_batch import PROCESS_RUNS
+from sqlsink.spark.identity import PROCESS_RUNS
 from tests.fix_pg import PgServer
 from tests.pg.protocol import Writer, ids_of, make_table, prepared_of
 from tests.sim.test_backend_contract import Harness, harness, sinks

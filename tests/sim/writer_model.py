@@ -219,7 +219,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class Identity:
-    """``spark/foreach_batch.Identity``."""
+    """``spark/identity.Identity``."""
 
     query_id: str
     run_id: str

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from sqlsink.credentials import PasswordSource
 from sqlsink.postgres.connection import connect
-from sqlsink.postgres.credentials import PasswordSource
 from sqlsink.postgres.sessions import IDLE_NAME
 from tests.fix_auth import PasswordServer, password_server
 from tests.spark.streams import (

@@ -16,7 +16,7 @@ import sqlsink
 from sqlsink.core.gid import Gid
 from sqlsink.embedded import EmbeddedPostgres
 from sqlsink.errors import ConfigError, SinkBindingError
-from sqlsink.spark.foreach_batch import PROCESS_RUNS
+from sqlsink.spark.identity import PROCESS_RUNS
 from tests.fix_pg import PgServer, prepared_transactions
 from tests.spark.fb_windows import WINDOWS, TwoTables, killed_at, restarted
 from tests.spark.streams import SCHEMA, decided_batches, run_foreach_batch, table_ids, write_source

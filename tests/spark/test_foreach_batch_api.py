@@ -22,7 +22,7 @@ import pytest
 
 import sqlsink
 from sqlsink.errors import ConfigError
-from sqlsink.spark.foreach_batch import PROCESS_RUNS
+from sqlsink.spark.identity import PROCESS_RUNS
 from tests.fix_pg import PgServer, prepared_in_test_db
 from tests.spark.streams import (
     add_source_file,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from sqlsink.credentials import PasswordProviderError, PasswordSource
 from sqlsink.errors import ConfigError
 from sqlsink.options import SinkOptions
-from sqlsink.postgres.connection import scrub, secrets_of
-from sqlsink.postgres.credentials import PasswordProviderError, PasswordSource, auth_failed
+from sqlsink.postgres.connection import auth_failed, scrub, secrets_of
 
 SECRET = "Sup3r-secret-pw"
 

@@ -3,7 +3,7 @@
 tests/pg/test_encoding.py checks what PostgreSQL reads back; these check the exact bytes over
 many random batches: NULL masks (none, some, all), empty, non-ASCII and long (≥ 1 KiB)
 strings, NULL slots that still hold data, sliced arrays (non-zero offsets), 0- and 1-row
-batches; and the row assembly (``_assemble``) on its own against a naive one.
+batches; and the row assembly (``assemble``) on its own against a naive one.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ import pyarrow as pa
 import pytest
 
 from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.encoding import (
-    _assemble,
-    _Body,
-    _Fields,
-    _numeric_bytes,
-    build_encoder,
-)
+from sqlsink.postgres.encoding import build_encoder
+from sqlsink.postgres.encoding.fields import Body, Fields
+from sqlsink.postgres.encoding.layout import assemble
+from sqlsink.postgres.encoding.numeric import numeric_bytes
 
 UTC = dt.timezone.utc
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=UTC)
@@ -49,7 +46,7 @@ def numeric(value: decimal.Decimal) -> bytes:
     sign, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int)
     mag = int("".join(map(str, digits)) or "0")
-    return _numeric_bytes(bool(sign) and mag != 0, mag, -exponent)
+    return numeric_bytes(bool(sign) and mag != 0, mag, -exponent)
 
 
 def int_array(values: list[int | None], oid: int, pack: str) -> bytes:
@@ -212,7 +209,7 @@ def test_the_benchmark_shape_matches_the_reference() -> None:
 DTYPES = [np.dtype(t) for t in (">i2", ">i4", ">i8", ">f8", "u1", ">u2", "V3")]
 
 
-def random_fields(rng: np.random.Generator, n: int) -> tuple[_Fields, list[bytes]]:
+def random_fields(rng: np.random.Generator, n: int) -> tuple[Fields, list[bytes]]:
     """A part (length word first) and, per row, the bytes it stands for."""
     cols: list[tuple[np.dtype[Any], Any]] = [(np.dtype(">i4"), rng.integers(0, 99, n))]
     for _ in range(int(rng.integers(0, 4))):
@@ -242,7 +239,7 @@ def random_fields(rng: np.random.Generator, n: int) -> tuple[_Fields, list[bytes
         data = rng.integers(0, 256, size, dtype=np.uint8)
         if valid is not None:
             lens = np.where(valid, lens, 0)
-        body = _Body(data, src.astype(np.int64), lens.astype(np.int64))
+        body = Body(data, src.astype(np.int64), lens.astype(np.int64))
     rows = []
     for i in range(n):
         if valid is not None and not valid[i]:
@@ -254,7 +251,7 @@ def random_fields(rng: np.random.Generator, n: int) -> tuple[_Fields, list[bytes
         keep = width if widths is None else int(widths[i])
         run = b"" if body is None else body.data[body.src[i] : body.src[i] + body.lens[i]]
         rows.append(prefix[:keep] + bytes(run))
-    return _Fields(cols, valid, widths, body), rows
+    return Fields(cols, valid, widths, body), rows
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -263,7 +260,7 @@ def test_assemble_matches_a_naive_layout(seed: int) -> None:
     n = int(rng.choice([1, 2, 3, 50, 500]))
     parts = [random_fields(rng, n) for _ in range(int(rng.integers(1, 6)))]
     want = b"".join(b"".join(rows[i] for _, rows in parts) for i in range(n))
-    assert bytes(_assemble(n, [p for p, _ in parts])) == want
+    assert bytes(assemble(n, [p for p, _ in parts])) == want
     for fields, rows in parts:  # what arrays of arrays rely on
         sizes = np.broadcast_to(fields.sizes, (n,))
         assert sizes.tolist() == [len(r) for r in rows]

@@ -197,7 +197,7 @@ def test_a_skip_outside_passes_over_later_committed_batches_with_nothing_prepare
 
 
 def test_the_process_run_id_is_one_per_sink_and_query_and_renewed_once() -> None:
-    from sqlsink.spark.foreach_batch import ProcessRuns
+    from sqlsink.spark.identity import ProcessRuns
 
     runs = ProcessRuns()
     first = runs.get("shop", "q")
@@ -223,7 +223,7 @@ def test_the_process_run_id_is_one_per_sink_and_query_and_renewed_once() -> None
 def test_a_job_group_that_is_not_the_run_id_is_refused(
     group: str, running: str | None, refused: bool
 ) -> None:
-    from sqlsink.spark.foreach_batch import check_job_group
+    from sqlsink.spark.identity import check_job_group
 
     if not refused:
         check_job_group("shop", 4, group, running)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.checks.model import DEFAULT_SAFETY_FACTOR, ERROR, OK, Finding
 from sqlsink.postgres.checks.reading import read_settings
-from sqlsink.postgres.checks.rules import _prepared_slots, analyse
+from sqlsink.postgres.checks.rules import analyse, prepared_slots
 from sqlsink.postgres.connection import Connection
 
 
@@ -45,7 +45,7 @@ def require_prepared_transactions(conn: Connection, partitions: int | None = Non
     (or, with ``partitions``, has fewer slots than a batch's partitions)."""
     settings = read_settings(conn)
     mpt = settings.settings["max_prepared_transactions"]
-    finding = _prepared_slots(mpt, settings, partitions, exactly_once=True)
+    finding = prepared_slots(mpt, settings, partitions, exactly_once=True)
     if finding.level == ERROR:
         raise ConfigError(
             _as_error(finding, server_address(conn)), setting=finding.setting, value=finding.value

@@ -34,18 +34,18 @@ def recommended(required_s: float) -> str:
 
 
 @dataclass(frozen=True)
-class _Required:
+class Required:
     seconds: float
     text: str  # what was compared with, for the message
 
 
-def _required_time(
+def required_time(
     trigger_interval_s: float | None, slowest_write_s: float | None, safety_factor: float
-) -> _Required:
+) -> Required:
     trigger = trigger_interval_s if trigger_interval_s and trigger_interval_s > 0 else None
     slowest = slowest_write_s if slowest_write_s and slowest_write_s > 0 else None
     if trigger is None and slowest is None:
-        return _Required(
+        return Required(
             FLOOR_S,
             f"the conservative floor of {format_seconds(FLOOR_S)} (neither the trigger interval "
             "nor the slowest partition write is known)",
@@ -63,8 +63,8 @@ def _required_time(
             )
         )
     if len(parts) == 1:
-        return _Required(*parts[0])
+        return Required(*parts[0])
     longest = max(p[0] for p in parts)
-    return _Required(
+    return Required(
         longest, f"the longer of {parts[0][1]} and {parts[1][1]}, i.e. {format_seconds(longest)}"
     )

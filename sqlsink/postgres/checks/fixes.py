@@ -66,7 +66,7 @@ def fix_statement(setting: Setting, value: str, settings: ServerSettings) -> str
     return role_fix(name, value, settings)
 
 
-def _alternative(setting: Setting, value: str, settings: ServerSettings) -> str:
+def role_alternative(setting: Setting, value: str, settings: ServerSettings) -> str:
     """For a value set for everybody: how to change it for the sink's role only."""
     if setting.source in ("database user", "user", "session", "client"):
         return ""

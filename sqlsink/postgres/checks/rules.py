@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from sqlsink.postgres.checks.durations import (
-    _Required,
-    _required_time,
+    Required,
     format_seconds,
     recommended,
+    required_time,
 )
-from sqlsink.postgres.checks.fixes import _alternative, describe_source, fix_statement
+from sqlsink.postgres.checks.fixes import describe_source, fix_statement, role_alternative
 from sqlsink.postgres.checks.model import (
     DEFAULT_SAFETY_FACTOR,
     ERROR,
@@ -56,8 +56,8 @@ def analyse(
     out: list[Finding] = []
     mpt = settings.settings.get("max_prepared_transactions")
     if mpt is not None:
-        out.append(_prepared_slots(mpt, settings, partitions, exactly_once))
-    required = _required_time(trigger_interval_s, slowest_write_s, safety_factor)
+        out.append(prepared_slots(mpt, settings, partitions, exactly_once))
+    required = required_time(trigger_interval_s, slowest_write_s, safety_factor)
     for name in ("statement_timeout", "idle_in_transaction_session_timeout", "transaction_timeout"):
         setting = settings.settings.get(name)
         if setting is None or (
@@ -157,7 +157,7 @@ def prepared_slots_needed(partitions: int | None) -> int:
     return max(MIN_PREPARED_SLOTS, 2 * (partitions or 0))
 
 
-def _prepared_slots(
+def prepared_slots(
     s: Setting, settings: ServerSettings, partitions: int | None, exactly_once: bool
 ) -> Finding:
     source = describe_source(s, settings)
@@ -256,7 +256,7 @@ def _slots_short_of(
     return None
 
 
-def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Required) -> Finding:
+def _transaction_timeout(s: Setting, settings: ServerSettings, required: Required) -> Finding:
     source = describe_source(s, settings)
     effect = _EFFECTS[s.name]
     seconds = s.seconds()
@@ -279,7 +279,7 @@ def _transaction_timeout(s: Setting, settings: ServerSettings, required: _Requir
         source,
         f"{s.name} = {s.value}, from {source}, is shorter than {required.text}: it {effect}, "
         "before the transaction is prepared; the partition then fails and its batch is "
-        f"retried, and may fail again the same way{_alternative(s, value, settings)}",
+        f"retried, and may fail again the same way{role_alternative(s, value, settings)}",
         fix_statement(s, value, settings),
     )
 
@@ -324,7 +324,7 @@ def _lock_timeout(s: Setting, settings: ServerSettings) -> Finding:
         f"{s.name} = {s.value}, from {source}, is shorter than {floor}: {replaced}, but {planner}; "
         "a wait that gives up fails the query at its start (nothing written): two queries "
         "with createTable on one new table started together, or a transaction holding DDL on "
-        f"the target's schema{_alternative(s, value, settings)}",
+        f"the target's schema{role_alternative(s, value, settings)}",
         fix_statement(s, value, settings),
     )
 
@@ -376,11 +376,11 @@ def _idle_session(
     if seconds == 0:
         return Finding(OK, s.name, s.value, source, "off: no idle connection is closed")
     if trigger_interval_s and trigger_interval_s > 0:
-        required = _Required(
+        required = Required(
             trigger_interval_s, f"the trigger interval ({format_seconds(trigger_interval_s)})"
         )
     else:
-        required = _required_time(None, None, DEFAULT_SAFETY_FACTOR)
+        required = required_time(None, None, DEFAULT_SAFETY_FACTOR)
     if seconds >= required.seconds:
         return Finding(
             OK, s.name, s.value, source, f"{s.value} is at least {required.text}; it {effect}"
@@ -393,6 +393,6 @@ def _idle_session(
         source,
         f"{s.name} = {s.value}, from {source}, is shorter than {required.text}: it {effect}, so a "
         "connection kept open between batches (the driver's) is closed under it"
-        f"{_alternative(s, value, settings)}",
+        f"{role_alternative(s, value, settings)}",
         fix_statement(s, value, settings),
     )

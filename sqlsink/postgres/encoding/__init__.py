@@ -6,14 +6,14 @@ and that many bytes of the type's binary "send" format. All integers are big-end
 
 Modules, by layer (as psycopg's ``types`` package is organised by type family):
 
-* ``fields``: what a column encoder produces (``_Fields``: per value a fixed-size prefix and
+* ``fields``: what a column encoder produces (``Fields``: per value a fixed-size prefix and
   optionally a variable-length body) and the vectorised helpers that make them;
   ``buffers``: Arrow arrays read as numpy arrays.
 * The column encoders, one module per type family: ``numeric`` (integers, floats, decimals),
   ``booleans``, ``temporal`` (dates, timestamps, times, durations), ``text`` (strings and
   binaries into text, bytea, uuid, inet...), ``nested`` (struct/map/list into json/jsonb),
   ``arrays`` (list into T[]); ``oids`` names the PostgreSQL types.
-* ``layout``: the fields of every column laid out in rows (``_assemble``).
+* ``layout``: the fields of every column laid out in rows (``assemble``).
 * ``builder``: the encoder of every (Arrow type, PostgreSQL type) pair (``build_encoder``), and
   the errors with their fixes for the pairs that have none.
 * ``writer``: ``BinaryCopyEncoder`` (a batch's tuples) and the COPY stream (``write_batches``).
@@ -45,10 +45,6 @@ Semantics worth knowing:
 from __future__ import annotations
 
 from sqlsink.postgres.encoding.builder import build_encoder
-from sqlsink.postgres.encoding.fields import _Body as _Body
-from sqlsink.postgres.encoding.fields import _Fields as _Fields
-from sqlsink.postgres.encoding.layout import _assemble as _assemble
-from sqlsink.postgres.encoding.numeric import _numeric_bytes as _numeric_bytes
 from sqlsink.postgres.encoding.writer import (
     COPY_HEADER,
     COPY_TRAILER,

@@ -5,24 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sqlsink.postgres.encoding.buffers import _validity
+from sqlsink.postgres.encoding.buffers import validity
 from sqlsink.postgres.encoding.fields import (
-    _I4,
-    _Body,
-    _Encode,
-    _exclusive_cumsum,
-    _Fields,
-    _ValueProblem,
+    I4,
+    Body,
+    Encode,
+    Fields,
+    ValueProblem,
+    exclusive_cumsum,
 )
-from sqlsink.postgres.encoding.layout import _assemble
+from sqlsink.postgres.encoding.layout import assemble
 
 
-def _array_encoder(element: _Encode, element_oid: int) -> _Encode:
+def array_encoder(element: Encode, element_oid: int) -> Encode:
     """list<T> into T[]: one-dimensional arrays, lower bound 1; an empty list has 0 dimensions."""
 
-    def arrays(arr: pa.Array) -> _Fields:
+    def arrays(arr: pa.Array) -> Fields:
         n = len(arr)
-        valid = _validity(arr)
+        valid = validity(arr)
         offsets = arr.offsets.to_numpy().astype(np.int64)
         counts = offsets[1:] - offsets[:-1]
         if valid is not None:
@@ -33,20 +33,20 @@ def _array_encoder(element: _Encode, element_oid: int) -> _Encode:
         if len(child):
             try:
                 fields = element(child)
-            except _ValueProblem as p:
+            except ValueProblem as p:
                 row = int(np.searchsorted(ends, p.index, side="right"))
                 at = p.index - int(begins[row]) + 1
-                raise _ValueProblem(row, f"array element {at}: {p.problem}") from None
+                raise ValueProblem(row, f"array element {at}: {p.problem}") from None
             sizes = np.broadcast_to(fields.sizes, (len(child),))
-            where = _exclusive_cumsum(sizes)
-            buf = _assemble(len(child), [fields])
+            where = exclusive_cumsum(sizes)
+            buf = assemble(len(child), [fields])
             src = where[begins]
             blens = where[ends] - src
-            child_valid = _validity(child)
+            child_valid = validity(child)
             if child_valid is None:
                 has_null = np.zeros(n, dtype=np.bool_)
             else:
-                nulls = _exclusive_cumsum(~child_valid)
+                nulls = exclusive_cumsum(~child_valid)
                 has_null = nulls[ends] > nulls[begins]
         else:
             buf = np.zeros(0, np.uint8)
@@ -55,7 +55,7 @@ def _array_encoder(element: _Encode, element_oid: int) -> _Encode:
         nonempty = counts > 0
         word = np.where(nonempty, 20 + blens, 12)
         widths = np.where(nonempty, 24, 16)
-        cols = [(_I4, v) for v in (word, nonempty, has_null, element_oid, counts, 1)]
-        return _Fields(cols, valid, widths, _Body(buf, src, blens))
+        cols = [(I4, v) for v in (word, nonempty, has_null, element_oid, counts, 1)]
+        return Fields(cols, valid, widths, Body(buf, src, blens))
 
     return arrays

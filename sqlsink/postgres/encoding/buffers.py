@@ -9,20 +9,20 @@ import pyarrow as pa
 from sqlsink.postgres.encoding.fields import Arr
 
 
-def _bits(buf: pa.Buffer, offset: int, n: int) -> Arr:
+def bitmap_bits(buf: pa.Buffer, offset: int, n: int) -> Arr:
     """n bits of an Arrow bitmap, from bit offset, as a bool array."""
     raw = np.frombuffer(buf, dtype=np.uint8, count=(offset + n + 7) // 8)
     return np.unpackbits(raw, count=offset + n, bitorder="little")[offset:].view(np.bool_)
 
 
-def _validity(arr: pa.Array) -> Arr | None:
+def validity(arr: pa.Array) -> Arr | None:
     """Which values are not NULL, or None when none is NULL."""
     if arr.null_count == 0:
         return None
     buf = arr.buffers()[0]
     if buf is None:  # the null type
         return np.zeros(len(arr), dtype=np.bool_)
-    return _bits(buf, arr.offset, len(arr))
+    return bitmap_bits(buf, arr.offset, len(arr))
 
 
 def _raw(arr: pa.Array, dtype: npt.DTypeLike, index: int = 1) -> Arr:
@@ -34,12 +34,12 @@ def _raw(arr: pa.Array, dtype: npt.DTypeLike, index: int = 1) -> Arr:
     return np.frombuffer(buf, dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
 
-def _values(arr: pa.Array, dtype: npt.DTypeLike) -> tuple[Arr, Arr | None]:
+def values_and_validity(arr: pa.Array, dtype: npt.DTypeLike) -> tuple[Arr, Arr | None]:
     """The values (garbage in NULL slots) and the validity."""
-    return _raw(arr, dtype), _validity(arr)
+    return _raw(arr, dtype), validity(arr)
 
 
-def _var_parts(arr: pa.Array) -> tuple[Arr, Arr, Arr, Arr | None]:
+def var_parts(arr: pa.Array) -> tuple[Arr, Arr, Arr, Arr | None]:
     """(data, starts, lengths with 0 for NULLs, validity) of a string or binary array."""
     n = len(arr)
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
@@ -55,13 +55,13 @@ def _var_parts(arr: pa.Array) -> tuple[Arr, Arr, Arr, Arr | None]:
     )
     starts = offsets[:-1]
     lens = offsets[1:] - starts
-    valid = _validity(arr)
+    valid = validity(arr)
     if valid is not None:
         lens = np.where(valid, lens, 0)
     return data, starts, lens, valid
 
 
-def _is_list(arrow: pa.DataType) -> bool:
+def is_list_type(arrow: pa.DataType) -> bool:
     return bool(
         pa.types.is_list(arrow)
         or pa.types.is_large_list(arrow)

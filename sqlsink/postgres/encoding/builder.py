@@ -8,14 +8,14 @@ import pyarrow as pa
 
 from sqlsink.errors import ConfigError
 from sqlsink.postgres.catalog import TargetColumn
-from sqlsink.postgres.encoding.arrays import _array_encoder
-from sqlsink.postgres.encoding.booleans import _bool_encoder
-from sqlsink.postgres.encoding.buffers import _is_list
-from sqlsink.postgres.encoding.fields import _all_null, _Encode, _Fields
-from sqlsink.postgres.encoding.nested import _json_encoder
-from sqlsink.postgres.encoding.numeric import _decimal_encoder, _float_encoder, _int_encoder
+from sqlsink.postgres.encoding.arrays import array_encoder
+from sqlsink.postgres.encoding.booleans import bool_encoder
+from sqlsink.postgres.encoding.buffers import is_list_type
+from sqlsink.postgres.encoding.fields import Encode, Fields, all_null
+from sqlsink.postgres.encoding.nested import json_encoder
+from sqlsink.postgres.encoding.numeric import decimal_encoder, float_encoder, int_encoder
 from sqlsink.postgres.encoding.oids import (
-    _ARRAY_ELEMENT,
+    ARRAY_ELEMENT,
     BOOL,
     BPCHAR,
     BYTEA,
@@ -40,13 +40,13 @@ from sqlsink.postgres.encoding.oids import (
     VARCHAR,
 )
 from sqlsink.postgres.encoding.temporal import (
-    _date_encoder,
-    _duration_encoder,
-    _time_encoder,
-    _timestamp_encoder,
+    date_encoder,
+    duration_encoder,
+    time_encoder,
+    timestamp_encoder,
 )
-from sqlsink.postgres.encoding.text import _binary_encoder, _fixed_binary_encoder, _string_encoder
-from sqlsink.postgres.encoding.writer import BinaryCopyEncoder, _Column
+from sqlsink.postgres.encoding.text import binary_encoder, fixed_binary_encoder, string_encoder
+from sqlsink.postgres.encoding.writer import BinaryCopyEncoder, Column
 
 # What to cast a Spark column to, per PostgreSQL type: (Spark types, cast(...) example).
 _HINTS: dict[int, tuple[str, str]] = {
@@ -75,30 +75,30 @@ _HINTS: dict[int, tuple[str, str]] = {
 }
 
 
-_Factory = Callable[[pa.DataType, int], _Encode]
+_Factory = Callable[[pa.DataType, int], Encode]
 _TEXTUAL = (TEXT, VARCHAR, BPCHAR, NAME, JSON, JSONB)
 _RULES: list[tuple[Callable[[pa.DataType], bool], tuple[int, ...], _Factory]] = [
-    (pa.types.is_integer, (INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC), _int_encoder),
-    (pa.types.is_floating, (FLOAT4, FLOAT8, NUMERIC), _float_encoder),
-    (pa.types.is_decimal, (NUMERIC,), _decimal_encoder),
-    (pa.types.is_boolean, (BOOL,), _bool_encoder),
+    (pa.types.is_integer, (INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC), int_encoder),
+    (pa.types.is_floating, (FLOAT4, FLOAT8, NUMERIC), float_encoder),
+    (pa.types.is_decimal, (NUMERIC,), decimal_encoder),
+    (pa.types.is_boolean, (BOOL,), bool_encoder),
     (
         lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
         (*_TEXTUAL, UUID, INET, CIDR),
-        _string_encoder,
+        string_encoder,
     ),
-    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), (BYTEA,), _binary_encoder),
-    (pa.types.is_fixed_size_binary, (BYTEA,), _fixed_binary_encoder),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), (BYTEA,), binary_encoder),
+    (pa.types.is_fixed_size_binary, (BYTEA,), fixed_binary_encoder),
     (lambda t: pa.types.is_fixed_size_binary(t) and t.byte_width == 16, (UUID,),
-     _fixed_binary_encoder),
-    (lambda t: pa.types.is_date32(t) or pa.types.is_date64(t), (DATE,), _date_encoder),
-    (pa.types.is_timestamp, (TIMESTAMP, TIMESTAMPTZ), _timestamp_encoder),
-    (lambda t: pa.types.is_time32(t) or pa.types.is_time64(t), (TIME,), _time_encoder),
-    (pa.types.is_duration, (INTERVAL,), _duration_encoder),
+     fixed_binary_encoder),
+    (lambda t: pa.types.is_date32(t) or pa.types.is_date64(t), (DATE,), date_encoder),
+    (pa.types.is_timestamp, (TIMESTAMP, TIMESTAMPTZ), timestamp_encoder),
+    (lambda t: pa.types.is_time32(t) or pa.types.is_time64(t), (TIME,), time_encoder),
+    (pa.types.is_duration, (INTERVAL,), duration_encoder),
     (
-        lambda t: pa.types.is_struct(t) or pa.types.is_map(t) or _is_list(t),
+        lambda t: pa.types.is_struct(t) or pa.types.is_map(t) or is_list_type(t),
         (JSON, JSONB),
-        _json_encoder,
+        json_encoder,
     ),
 ]  # fmt: skip
 
@@ -138,16 +138,16 @@ def _caster(target: pa.DataType) -> Callable[[pa.Array], pa.Array]:
     return cast
 
 
-def _scalar(arrow: pa.DataType, oid: int) -> _Encode | None:
+def _scalar(arrow: pa.DataType, oid: int) -> Encode | None:
     """The encoder of (arrow type, pg oid), or None when the pair is not supported."""
     arrow, steps = _normalized(arrow)
-    encode: _Encode | None = None
-    if pa.types.is_null(arrow) and (oid in _HINTS or oid in _ARRAY_ELEMENT):
-        encode = _all_null
-    elif oid in _ARRAY_ELEMENT and (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
-        element = _scalar(arrow.value_type, _ARRAY_ELEMENT[oid])
+    encode: Encode | None = None
+    if pa.types.is_null(arrow) and (oid in _HINTS or oid in ARRAY_ELEMENT):
+        encode = all_null
+    elif oid in ARRAY_ELEMENT and (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
+        element = _scalar(arrow.value_type, ARRAY_ELEMENT[oid])
         if element is not None:
-            encode = _array_encoder(element, _ARRAY_ELEMENT[oid])
+            encode = array_encoder(element, ARRAY_ELEMENT[oid])
     else:
         for accepts, oids, factory in _RULES:
             if oid in oids and accepts(arrow):
@@ -157,7 +157,7 @@ def _scalar(arrow: pa.DataType, oid: int) -> _Encode | None:
         return encode
     inner = encode
 
-    def converted(arr: pa.Array) -> _Fields:
+    def converted(arr: pa.Array) -> Fields:
         for step in steps:
             arr = step(arr)
         return inner(arr)
@@ -167,7 +167,7 @@ def _scalar(arrow: pa.DataType, oid: int) -> _Encode | None:
 
 def _unsupported(field: pa.Field, column: TargetColumn) -> ConfigError:
     oid = column.type_oid
-    hint = _HINTS.get(_ARRAY_ELEMENT.get(oid, oid))
+    hint = _HINTS.get(ARRAY_ELEMENT.get(oid, oid))
     where = (
         f"column {column.name!r}: cannot write Arrow type {field.type} (Spark column "
         f"{field.name!r}) into PostgreSQL type {column.type_name}"
@@ -184,9 +184,9 @@ def _unsupported(field: pa.Field, column: TargetColumn) -> ConfigError:
         )
     types, example = hint
     nested = ""
-    if oid in _ARRAY_ELEMENT:
+    if oid in ARRAY_ELEMENT:
         types, example = f"an ArrayType of {types}", f"array<{example}>"
-        if _is_list(field.type) and _is_list(field.type.value_type):
+        if is_list_type(field.type) and is_list_type(field.type.value_type):
             nested = (
                 " (nested lists are not written as multi-dimensional arrays: flatten them with "
                 "F.flatten, or write them into a json/jsonb column)"
@@ -211,10 +211,10 @@ def build_encoder(fields: Sequence[pa.Field], columns: Sequence[TargetColumn]) -
             f"{len(fields)} Arrow fields for {len(columns)} PostgreSQL columns "
             f"({', '.join(c.name for c in columns)})"
         )
-    built: list[_Column] = []
+    built: list[Column] = []
     for field, column in zip(fields, columns, strict=True):
         encode = _scalar(field.type, column.type_oid)
         if encode is None:
             raise _unsupported(field, column)
-        built.append(_Column(column.name, column.type_name, field.type, encode))
+        built.append(Column(column.name, column.type_name, field.type, encode))
     return BinaryCopyEncoder(built)

@@ -13,7 +13,7 @@ import pyarrow as pa
 Arr = npt.NDArray[Any]
 
 
-class _ValueProblem(Exception):
+class ValueProblem(Exception):
     """A value that cannot be encoded; index is the position in the encoded array."""
 
     def __init__(self, index: int, problem: str) -> None:
@@ -23,7 +23,7 @@ class _ValueProblem(Exception):
 
 
 @dataclass
-class _Body:
+class Body:
     """Per value, the run data[src[i] : src[i] + lens[i]] (lens is 0 for NULLs)."""
 
     data: Arr  # uint8
@@ -31,8 +31,8 @@ class _Body:
     lens: Arr  # int64
 
 
-class _Fields:
-    """The binary COPY fields of n values, to be laid out in rows by ``_assemble``.
+class Fields:
+    """The binary COPY fields of n values, to be laid out in rows by ``assemble``.
 
     Value i starts with a fixed-size prefix: the big-endian ``cols`` side by side (the length
     word, then any fixed-size part), each given as an array of n values or as one scalar for
@@ -49,7 +49,7 @@ class _Fields:
         cols: Sequence[tuple[np.dtype[Any], Any]],
         valid: Arr | None = None,
         widths: Arr | None = None,
-        body: _Body | None = None,
+        body: Body | None = None,
     ) -> None:
         self.cols = tuple(cols)
         self.width = sum(dt.itemsize for dt, _ in self.cols)
@@ -77,9 +77,9 @@ class _Fields:
         return base if self.body is None else base + self.body.lens
 
 
-_Encode = Callable[[pa.Array], _Fields]
+Encode = Callable[[pa.Array], Fields]
 
-_I2, _I4, _U1 = np.dtype(">i2"), np.dtype(">i4"), np.dtype(np.uint8)
+I2, I4, U1 = np.dtype(">i2"), np.dtype(">i4"), np.dtype(np.uint8)
 
 
 # -- vectorised primitives ---------------------------------------------------------------------
@@ -88,7 +88,7 @@ _IOTA: Arr = np.arange(1 << 16, dtype=np.int64)
 _IOTA.setflags(write=False)
 
 
-def _iota(start: int, stop: int) -> Arr:
+def iota(start: int, stop: int) -> Arr:
     """np.arange(start, stop) as a read-only view of a cached array."""
     global _IOTA
     if stop > len(_IOTA):
@@ -100,7 +100,7 @@ def _iota(start: int, stop: int) -> Arr:
     return _IOTA[start:stop]
 
 
-def _exclusive_cumsum(sizes: Arr) -> Arr:
+def exclusive_cumsum(sizes: Arr) -> Arr:
     starts = np.empty(len(sizes) + 1, dtype=np.int64)
     starts[0] = 0
     np.cumsum(sizes, out=starts[1:])
@@ -110,11 +110,11 @@ def _exclusive_cumsum(sizes: Arr) -> Arr:
 # -- errors ------------------------------------------------------------------------------------
 
 
-def _first(bad: Arr) -> int:
+def first_bad(bad: Arr) -> int:
     return int(np.argmax(bad))
 
 
-def _first_valid(bad: Arr, valid: Arr | None) -> int | None:
+def first_valid(bad: Arr, valid: Arr | None) -> int | None:
     """The first value that is bad and not NULL, if any."""
     if not bad.any():
         return None
@@ -122,10 +122,10 @@ def _first_valid(bad: Arr, valid: Arr | None) -> int | None:
         bad = bad & valid
         if not bad.any():
             return None
-    return _first(bad)
+    return first_bad(bad)
 
 
-def _show(value: object) -> str:
+def shown_value(value: object) -> str:
     """A value for an error message: never more than about 100 characters."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         value = bytes(value[:120]).decode("utf-8", "replace")
@@ -136,36 +136,36 @@ def _show(value: object) -> str:
 # -- making fields ------------------------------------------------------------------------------
 
 
-def _fixed(valid: Arr | None, *cols: tuple[str, Any]) -> _Fields:
+def fixed_fields(valid: Arr | None, *cols: tuple[str, Any]) -> Fields:
     """Fixed-size values: the length word then the columns, each as (big-endian dtype, values)."""
     dts = [(np.dtype(d), values) for d, values in cols]
-    return _Fields([(_I4, sum(dt.itemsize for dt, _ in dts)), *dts], valid)
+    return Fields([(I4, sum(dt.itemsize for dt, _ in dts)), *dts], valid)
 
 
-def _fixed_bytes(payload: Arr, valid: Arr | None) -> _Fields:
+def fixed_bytes(payload: Arr, valid: Arr | None) -> Fields:
     """Fixed-size values given as an (n, w) uint8 matrix."""
     width = payload.shape[1]
-    cols: list[tuple[np.dtype[Any], Any]] = [(_I4, width)]
+    cols: list[tuple[np.dtype[Any], Any]] = [(I4, width)]
     if width:
         cols.append((np.dtype(f"V{width}"), np.ascontiguousarray(payload).view(f"V{width}")[:, 0]))
-    return _Fields(cols, valid)
+    return Fields(cols, valid)
 
 
-def _all_null(arr: pa.Array) -> _Fields:
-    return _Fields([(_I4, -1)])
+def all_null(arr: pa.Array) -> Fields:
+    return Fields([(I4, -1)])
 
 
-def _from_python(values: Sequence[bytes | None]) -> _Fields:
+def from_python(values: Sequence[bytes | None]) -> Fields:
     """Fields from per-value Python encodings (None for NULL)."""
     n = len(values)
     lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
     lens = np.maximum(lengths, 0)
     data = np.frombuffer(b"".join(v for v in values if v), dtype=np.uint8)
-    body = _Body(data, _exclusive_cumsum(lens)[:-1], lens)
-    return _Fields([(_I4, lengths)], body=body)
+    body = Body(data, exclusive_cumsum(lens)[:-1], lens)
+    return Fields([(I4, lengths)], body=body)
 
 
-def _python(arr: pa.Array, one: Callable[[Any], bytes]) -> _Fields:
+def per_value(arr: pa.Array, one: Callable[[Any], bytes]) -> Fields:
     """Per-value Python: one(value) for every non-NULL value of arr.to_pylist()."""
     out: list[bytes | None] = []
     for i, value in enumerate(arr.to_pylist()):
@@ -175,5 +175,5 @@ def _python(arr: pa.Array, one: Callable[[Any], bytes]) -> _Fields:
         try:
             out.append(one(value))
         except (ValueError, TypeError, ArithmeticError) as exc:
-            raise _ValueProblem(i, f"{_show(value)}: {exc}") from None
-    return _from_python(out)
+            raise ValueProblem(i, f"{shown_value(value)}: {exc}") from None
+    return from_python(out)

@@ -4,7 +4,7 @@ How a batch is encoded: every column turns its Arrow array into *fields* -- per 
 prefix (the length word and any fixed-size head: a value, a jsonb version byte, an array
 header...) given as big-endian columns (one numpy array, or one scalar, per part of the
 prefix), and optionally a variable-length body (string bytes, numeric digits, array elements)
-kept as runs of a source buffer. ``_assemble`` lays the rows out: the prefixes between two
+kept as runs of a source buffer. ``assemble`` lays the rows out: the prefixes between two
 bodies are written side by side, every column by one vectorised assignment to a strided view
 of a scratch buffer, the bodies' bytes are copied after them, and Arrow's C++ ``take`` on a
 binary array made of that buffer and offsets cutting it into pieces concatenates the pieces
@@ -21,22 +21,22 @@ import numpy as np
 import pyarrow as pa
 
 from sqlsink.postgres.encoding.fields import (
-    _I4,
+    I4,
     Arr,
-    _Body,
-    _exclusive_cumsum,
-    _Fields,
-    _iota,
+    Body,
+    Fields,
+    exclusive_cumsum,
+    iota,
 )
 
 
-def _in_order(body: _Body) -> tuple[Arr, Arr, int, int]:
+def _in_order(body: Body) -> tuple[Arr, Arr, int, int]:
     """(data, src, lo, hi): the same runs, in increasing order without overlaps, in [lo, hi)."""
     data, src, lens = body.data, body.src, body.lens
     if len(src) > 1 and not np.all(src[1:] >= src[:-1] + lens[:-1]):
         # Never the case for the runs the encoders make (Arrow offsets only grow): gather them.
-        starts = _exclusive_cumsum(lens)
-        data = data[np.repeat(src - starts[:-1], lens) + _iota(0, int(starts[-1]))]
+        starts = exclusive_cumsum(lens)
+        data = data[np.repeat(src - starts[:-1], lens) + iota(0, int(starts[-1]))]
         src = starts[:-1]
     lo, hi = int(src[0]), int(src[-1] + lens[-1])
     if lo < 0 or hi > len(data):
@@ -48,7 +48,7 @@ def _in_order(body: _Body) -> tuple[Arr, Arr, int, int]:
 _Runs = tuple[Arr, Arr, Arr, int, int]
 
 
-def _assemble(n: int, parts: Sequence[_Fields]) -> Arr:
+def assemble(n: int, parts: Sequence[Fields]) -> Arr:
     """n rows, row i being value i of every part in turn, as one uint8 array.
 
     A row is cut into *groups* of fixed-size prefixes (up to and including the prefix of a
@@ -61,7 +61,7 @@ def _assemble(n: int, parts: Sequence[_Fields]) -> Arr:
     """
     if n == 0:
         return np.zeros(0, dtype=np.uint8)
-    groups: list[list[_Fields]] = [[]]
+    groups: list[list[Fields]] = [[]]
     bodies: list[_Runs] = []
     for part in parts:
         groups[-1].append(part)
@@ -77,7 +77,7 @@ def _assemble(n: int, parts: Sequence[_Fields]) -> Arr:
 
 
 def _scratch(
-    n: int, groups: Sequence[Sequence[_Fields]], widths: Sequence[int], bodies: Sequence[_Runs]
+    n: int, groups: Sequence[Sequence[Fields]], widths: Sequence[int], bodies: Sequence[_Runs]
 ) -> tuple[Arr, list[Arr | None]]:
     """The scratch buffer: every group's prefixes (n rows of them, group after group), then
     the bodies' data, without the bytes prefixes shortened by a NULL leave unused; and per
@@ -119,7 +119,7 @@ def _row_order(
     order.sort(key=lambda o: 2 * o[1] + o[0])  # group 0, body 0, group 1, body 1...
     cuts = np.empty(n * (len(order) + len(bodies)) + 1, dtype=np.int64)
     take = np.empty((n, len(order)), dtype=np.int64)
-    rows = _iota(0, n)
+    rows = iota(0, n)
     first = base = 0
     for g, width in enumerate(widths):
         if not width:
@@ -130,7 +130,7 @@ def _row_order(
         fewer = shrink[g]
         base += n * width
         if fewer is not None:
-            removed = _exclusive_cumsum(fewer)
+            removed = exclusive_cumsum(fewer)
             starts -= removed[:-1]
             base -= int(removed[-1])
         np.add(rows, first, out=take[:, order.index((False, g))])
@@ -148,7 +148,7 @@ def _row_order(
     return cuts, take.reshape(-1)
 
 
-def _fill(out: Arr, width: int, group: Sequence[_Fields]) -> None:
+def _fill(out: Arr, width: int, group: Sequence[Fields]) -> None:
     """Writes the prefixes of the group's parts side by side, rows of width bytes, into out."""
     if not width:
         return
@@ -172,7 +172,7 @@ def _fill(out: Arr, width: int, group: Sequence[_Fields]) -> None:
     at = 0
     for part in group:
         if part.nulls is not None:
-            words: Arr = np.ndarray((n,), _I4, buffer=out, offset=at, strides=(width,))
+            words: Arr = np.ndarray((n,), I4, buffer=out, offset=at, strides=(width,))
             words[part.nulls] = -1
         at += part.width
 

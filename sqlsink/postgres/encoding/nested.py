@@ -9,8 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sqlsink.postgres.encoding.buffers import _is_list
-from sqlsink.postgres.encoding.fields import _Encode, _Fields, _python
+from sqlsink.postgres.encoding.buffers import is_list_type
+from sqlsink.postgres.encoding.fields import Encode, Fields, per_value
 from sqlsink.postgres.encoding.oids import JSONB
 
 
@@ -30,7 +30,7 @@ def _jsonable(value: Any, arrow: pa.DataType) -> Any:
             )
             for k, v in value
         }
-    if _is_list(arrow):
+    if is_list_type(arrow):
         return [_jsonable(v, arrow.value_type) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
@@ -39,7 +39,7 @@ def _jsonable(value: Any, arrow: pa.DataType) -> Any:
     return value
 
 
-def _json_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def json_encoder(arrow: pa.DataType, oid: int) -> Encode:
     head = b"\x01" if oid == JSONB else b""
 
     def one(value: Any) -> bytes:
@@ -48,7 +48,7 @@ def _json_encoder(arrow: pa.DataType, oid: int) -> _Encode:
         )
         return head + text.encode("utf-8")
 
-    def documents(arr: pa.Array) -> _Fields:
-        return _python(arr, one)
+    def documents(arr: pa.Array) -> Fields:
+        return per_value(arr, one)
 
     return documents

@@ -8,27 +8,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sqlsink.postgres.encoding.buffers import _validity, _values
+from sqlsink.postgres.encoding.buffers import validity, values_and_validity
 from sqlsink.postgres.encoding.fields import (
-    _I2,
-    _I4,
+    I2,
+    I4,
     Arr,
-    _Body,
-    _Encode,
-    _exclusive_cumsum,
-    _Fields,
-    _first_valid,
-    _fixed,
-    _from_python,
-    _iota,
-    _ValueProblem,
+    Body,
+    Encode,
+    Fields,
+    ValueProblem,
+    exclusive_cumsum,
+    first_valid,
+    fixed_fields,
+    from_python,
+    iota,
 )
 from sqlsink.postgres.encoding.oids import FLOAT4, FLOAT8, INT2, INT4, INT8
 
 _INT_TARGETS = {INT2: (">i2", "smallint"), INT4: (">i4", "integer"), INT8: (">i8", "bigint")}
 
 
-def _int_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def int_encoder(arrow: pa.DataType, oid: int) -> Encode:
     src = np.dtype(arrow.to_pandas_dtype())
     if oid in _INT_TARGETS:
         be, label = _INT_TARGETS[oid]
@@ -36,31 +36,31 @@ def _int_encoder(arrow: pa.DataType, oid: int) -> _Encode:
         own = np.iinfo(src)
         check = own.min < info.min or own.max > info.max
 
-        def ints(arr: pa.Array) -> _Fields:
-            values, valid = _values(arr, src)
+        def ints(arr: pa.Array) -> Fields:
+            values, valid = values_and_validity(arr, src)
             if check and len(values):
                 lo, hi = values.min(), values.max()
                 if lo < info.min or hi > info.max:
-                    i = _first_valid((values < info.min) | (values > info.max), valid)
+                    i = first_valid((values < info.min) | (values > info.max), valid)
                     if i is not None:
-                        raise _ValueProblem(
+                        raise ValueProblem(
                             i,
                             f"{values[i]} is out of range for {label} ({info.min}..{info.max})",
                         )
-            return _fixed(valid, (be, values))
+            return fixed_fields(valid, (be, values))
 
         return ints
     if oid in (FLOAT4, FLOAT8):
         be = ">f4" if oid == FLOAT4 else ">f8"
 
-        def floats(arr: pa.Array) -> _Fields:
-            values, valid = _values(arr, src)
-            return _fixed(valid, (be, values))
+        def floats(arr: pa.Array) -> Fields:
+            values, valid = values_and_validity(arr, src)
+            return fixed_fields(valid, (be, values))
 
         return floats
 
-    def numeric(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, src)
+    def numeric(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, src)
         if valid is not None:  # NULLs must have no digits
             values = np.where(valid, values, 0).astype(values.dtype, copy=False)
         if src.kind == "u":
@@ -77,27 +77,27 @@ def _int_encoder(arrow: pa.DataType, oid: int) -> _Encode:
     return numeric
 
 
-def _float_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def float_encoder(arrow: pa.DataType, oid: int) -> Encode:
     src = np.dtype(arrow.to_pandas_dtype())
     if oid in (FLOAT4, FLOAT8):
         be = ">f4" if oid == FLOAT4 else ">f8"
         narrowing = oid == FLOAT4 and src.itemsize > 4
 
-        def floats(arr: pa.Array) -> _Fields:
-            values, valid = _values(arr, src)
+        def floats(arr: pa.Array) -> Fields:
+            values, valid = values_and_validity(arr, src)
             if narrowing and len(values):
                 too_big = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
-                i = _first_valid(too_big, valid)
+                i = first_valid(too_big, valid)
                 if i is not None:
-                    raise _ValueProblem(i, f"{values[i]!r} is out of range for real")
-            return _fixed(valid, (be, values))
+                    raise ValueProblem(i, f"{values[i]!r} is out of range for real")
+            return fixed_fields(valid, (be, values))
 
         return floats
 
     single = src.itemsize <= 4
 
-    def numeric(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, src)
+    def numeric(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, src)
         out: list[bytes | None] = []
         texts = [str(v) for v in values] if single else [repr(v) for v in values.tolist()]
         for i, text in enumerate(texts):
@@ -106,13 +106,13 @@ def _float_encoder(arrow: pa.DataType, oid: int) -> _Encode:
             elif text == "nan":
                 out.append(_NUMERIC_NAN)
             elif text in ("inf", "-inf"):
-                raise _ValueProblem(i, f"{text} cannot be stored in numeric")
+                raise ValueProblem(i, f"{text} cannot be stored in numeric")
             else:
                 sign, digits, exponent = decimal.Decimal(text).as_tuple()
                 assert isinstance(exponent, int)
                 mag = int("".join(map(str, digits)))
-                out.append(_numeric_bytes(bool(sign) and mag != 0, mag, -exponent))
-        return _from_python(out)
+                out.append(numeric_bytes(bool(sign) and mag != 0, mag, -exponent))
+        return from_python(out)
 
     return numeric
 
@@ -120,7 +120,7 @@ def _float_encoder(arrow: pa.DataType, oid: int) -> _Encode:
 _NUMERIC_NAN = b"\x00\x00\x00\x00\xc0\x00\x00\x00"
 
 
-def _numeric_bytes(neg: bool, mag: int, scale: int) -> bytes:
+def numeric_bytes(neg: bool, mag: int, scale: int) -> bytes:
     """PostgreSQL's binary numeric for (-1)**neg * mag * 10**-scale, dscale max(scale, 0)."""
     p = -scale
     k = p // 4
@@ -152,7 +152,7 @@ def _divmod_limbs(limbs: list[Arr], divisor: int) -> Arr:
     return rem
 
 
-def _numeric_fields(neg: Arr, limbs: list[Arr], scale: int, valid: Arr | None) -> _Fields:
+def _numeric_fields(neg: Arr, limbs: list[Arr], scale: int, valid: Arr | None) -> Fields:
     """Binary numerics, vectorised: (-1)**neg * magnitude * 10**-scale.
 
     The magnitude is given as 32-bit limbs held in uint64 arrays, least significant first.
@@ -180,31 +180,31 @@ def _numeric_fields(neg: Arr, limbs: list[Arr], scale: int, valid: Arr | None) -
     weight = np.where(some, k + (count - 1 - first), 0)
     sign = np.where(neg & some, 0x4000, 0)
     blens = 2 * ndigits
-    byte_col = _iota(0, 2 * count) // 2
+    byte_col = iota(0, 2 * count) // 2
     keep = (byte_col >= first[:, None]) & (byte_col <= last[:, None]) & some[:, None]
     data = g.view(np.uint8).reshape(n, 2 * count)[keep]
-    body = _Body(data, _exclusive_cumsum(blens)[:-1], blens)
+    body = Body(data, exclusive_cumsum(blens)[:-1], blens)
     cols: list[tuple[np.dtype[Any], Any]] = [
-        (_I4, 8 + blens),
-        (_I2, ndigits),
-        (_I2, weight),
+        (I4, 8 + blens),
+        (I2, ndigits),
+        (I2, weight),
         (np.dtype(">u2"), sign),
-        (_I2, max(scale, 0)),
+        (I2, max(scale, 0)),
     ]
-    return _Fields(cols, valid, body=body)
+    return Fields(cols, valid, body=body)
 
 
-def _decimal_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def decimal_encoder(arrow: pa.DataType, oid: int) -> Encode:
     width = arrow.byte_width
     scale = arrow.scale
 
-    def numeric(arr: pa.Array) -> _Fields:
+    def numeric(arr: pa.Array) -> Fields:
         n = len(arr)
         buf = arr.buffers()[1]
         words = np.frombuffer(
             buf, dtype="<u4", count=n * width // 4, offset=arr.offset * width
         ).reshape(n, width // 4)
-        valid = _validity(arr)
+        valid = validity(arr)
         neg = (words[:, -1] >> 31).astype(np.bool_)
         limbs = [words[:, j].astype(np.uint64) for j in range(width // 4)]
         if valid is not None:

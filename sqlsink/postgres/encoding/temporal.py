@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sqlsink.postgres.encoding.buffers import _values
+from sqlsink.postgres.encoding.buffers import values_and_validity
 from sqlsink.postgres.encoding.fields import (
     Arr,
-    _Encode,
-    _Fields,
-    _first_valid,
-    _fixed,
-    _ValueProblem,
+    Encode,
+    Fields,
+    ValueProblem,
+    first_valid,
+    fixed_fields,
 )
 
 # PostgreSQL's limits (src/include/datatype/timestamp.h), in the units used here.
@@ -24,20 +24,20 @@ _I64_MAX = 2**63 - 1
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
 
-def _date_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def date_encoder(arrow: pa.DataType, oid: int) -> Encode:
     is64 = pa.types.is_date64(arrow)
 
-    def dates(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, np.int64 if is64 else np.int32)
+    def dates(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, np.int64 if is64 else np.int32)
         days = (values // 86_400_000 if is64 else values.astype(np.int64)) - _PG_EPOCH_DAYS
-        i = _first_valid((days < _MIN_DATE) | (days >= _END_DATE), valid)
+        i = first_valid((days < _MIN_DATE) | (days >= _END_DATE), valid)
         if i is not None:
-            raise _ValueProblem(
+            raise ValueProblem(
                 i,
                 f"date {values[i]} ({'ms' if is64 else 'days'} since 1970) is out of "
                 "PostgreSQL's date range",
             )
-        return _fixed(valid, (">i4", days))
+        return fixed_fields(valid, (">i4", days))
 
     return dates
 
@@ -53,46 +53,46 @@ def _to_us(values: Arr, unit: str) -> tuple[Arr, Arr | None]:
     return values * mult, (bad if bad.any() else None)
 
 
-def _timestamp_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def timestamp_encoder(arrow: pa.DataType, oid: int) -> Encode:
     unit = arrow.unit
 
-    def timestamps(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, np.int64)
+    def timestamps(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, np.int64)
         us, overflow = _to_us(values, unit)
         bad = us < _MIN_TS_UNIX_US
         if overflow is not None:
             bad |= overflow
-        i = _first_valid(bad, valid)
+        i = first_valid(bad, valid)
         if i is not None:
-            raise _ValueProblem(
+            raise ValueProblem(
                 i, f"timestamp {values[i]} ({unit} since 1970) is out of PostgreSQL's range"
             )
-        return _fixed(valid, (">i8", us - _PG_EPOCH_US))
+        return fixed_fields(valid, (">i8", us - _PG_EPOCH_US))
 
     return timestamps
 
 
-def _time_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def time_encoder(arrow: pa.DataType, oid: int) -> Encode:
     unit = arrow.unit
     dtype = np.int32 if pa.types.is_time32(arrow) else np.int64
 
-    def times(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, dtype)
+    def times(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, dtype)
         us, _ = _to_us(values.astype(np.int64), unit)  # a time of day cannot overflow
-        return _fixed(valid, (">i8", us))
+        return fixed_fields(valid, (">i8", us))
 
     return times
 
 
-def _duration_encoder(arrow: pa.DataType, oid: int) -> _Encode:
+def duration_encoder(arrow: pa.DataType, oid: int) -> Encode:
     unit = arrow.unit
 
-    def intervals(arr: pa.Array) -> _Fields:
-        values, valid = _values(arr, np.int64)
+    def intervals(arr: pa.Array) -> Fields:
+        values, valid = values_and_validity(arr, np.int64)
         us, overflow = _to_us(values, unit)
-        i = None if overflow is None else _first_valid(overflow, valid)
+        i = None if overflow is None else first_valid(overflow, valid)
         if i is not None:
-            raise _ValueProblem(i, f"duration {values[i]} {unit} is out of range for interval")
-        return _fixed(valid, (">i8", us), (">i4", 0), (">i4", 0))
+            raise ValueProblem(i, f"duration {values[i]} {unit} is out of range for interval")
+        return fixed_fields(valid, (">i8", us), (">i4", 0), (">i4", 0))
 
     return intervals

@@ -9,8 +9,8 @@ from typing import Protocol
 import pyarrow as pa
 
 from sqlsink.errors import ConfigError, WriteError
-from sqlsink.postgres.encoding.fields import _I2, _Encode, _Fields, _ValueProblem
-from sqlsink.postgres.encoding.layout import _assemble
+from sqlsink.postgres.encoding.fields import I2, Encode, Fields, ValueProblem
+from sqlsink.postgres.encoding.layout import assemble
 from sqlsink.postgres.timing import PartTimes, phase
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -18,19 +18,19 @@ COPY_TRAILER = b"\xff\xff"
 
 
 @dataclass(frozen=True)
-class _Column:
+class Column:
     name: str
     type_name: str
     arrow_type: pa.DataType
-    encode: _Encode
+    encode: Encode
 
 
 class BinaryCopyEncoder:
     """Encodes record batches of one schema into binary COPY tuples for a list of columns."""
 
-    def __init__(self, columns: Sequence[_Column]) -> None:
+    def __init__(self, columns: Sequence[Column]) -> None:
         self._columns = list(columns)
-        self._count = _Fields([(_I2, len(columns))])  # a tuple's field count
+        self._count = Fields([(I2, len(columns))])  # a tuple's field count
 
     @property
     def column_names(self) -> list[str]:
@@ -49,7 +49,7 @@ class BinaryCopyEncoder:
             )
         if n == 0:
             return b""
-        parts: list[_Fields] = []
+        parts: list[Fields] = []
         for i, column in enumerate(self._columns):
             arr = batch.column(i)
             if arr.type != column.arrow_type:
@@ -59,7 +59,7 @@ class BinaryCopyEncoder:
                 )
             try:
                 parts.append(column.encode(arr))
-            except _ValueProblem as p:
+            except ValueProblem as p:
                 raise WriteError(
                     f"column {column.name!r} ({column.type_name}), row {p.index} of the batch: "
                     f"{p.problem}. Fix: correct or filter the value in Spark, or change the "
@@ -67,7 +67,7 @@ class BinaryCopyEncoder:
                     column=column.name,
                     row=p.index,
                 ) from None
-        return _assemble(n, [self._count, *parts]).data
+        return assemble(n, [self._count, *parts]).data
 
 
 class CopyWriter(Protocol):

@@ -1,11 +1,12 @@
 """Passwords that rotate: a command or a callable that gives the current password.
 
 ``PasswordSource`` is what the options ``passwordCommand`` / ``passwordProvider`` (and
-the CLI's ``--password-command``) become. It is a small frozen value: it pickles to the
-executors with the options, and each process asks it for the password when it
-connects (``sqlsink.postgres.connection.connect``). The answer is cached per process
-for ``cache_s`` seconds; a connection refused for its password (SQLSTATE 28P01) asks
-again, bypassing the cache, and retries once.
+the CLI's ``--password-command``) become. It is a small frozen value of no backend: it
+pickles to the executors with the options, and each process asks it for the password
+when a backend connects (``sqlsink.postgres.connection.connect``). The answer is cached
+per process for ``cache_s`` seconds; a connection refused for its password (PostgreSQL's
+SQLSTATE 28P01, ``connection.auth_failed``) asks again, bypassing the cache, and retries
+once.
 
 The password is never shown: errors name the command's first word (or the callable's
 import path), never its arguments or output; every password a source returned in this
@@ -184,13 +185,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         if proc.stdout is not None:
             proc.stdout.close()
         proc.wait()
-
-
-def auth_failed(message: str, sqlstate: str | None = None) -> bool:
-    """Whether a failed connect was the server refusing the password (28P01). libpq
-    reports a failed login as text only, so the server's message is read too."""
-    text = message.lower()
-    return sqlstate == "28P01" or "password authentication failed" in text or "28p01" in text
 
 
 def known_passwords() -> frozenset[str]:

@@ -1,0 +1,64 @@
+"""Connection strings as the sink's entries take them (the option ``url``, the CLI's
+``--url``): a URI or a ``key=value`` string in libpq's syntax, a ``jdbc:`` prefix
+accepted, read by libpq's own parser (``psycopg.conninfo``: no server, no connection).
+What the options need of a connection string, without a backend: its parameters, the
+string with parameters set, and the string as it may be shown (never a password)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from sqlsink.errors import ConfigError
+
+
+def params_of(url: str) -> dict[str, Any]:
+    """The connection string's parameters; a ConfigError (quoting no secret) if unreadable."""
+    url = url.removeprefix("jdbc:")
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        # libpq's message quotes the part it could not read, which may be the password,
+        # and a string that cannot be parsed cannot be scrubbed reliably: say nothing of it
+        raise ConfigError(
+            f"invalid url {shown(url)!r}: it is neither a postgresql:// URI nor a key=value "
+            "connection string that libpq can read. In a URI, percent-encode special "
+            "characters of the user and password ('%' as %25, '@' as %40, ':' as %3A, "
+            "'/' as %2F); in key=value form, quote values with spaces ('...'); or pass the "
+            "password with the password option (or PGPASSWORD / .pgpass)"
+        ) from None
+
+
+def with_params(url: str, params: Mapping[str, str]) -> str:
+    """The connection string with libpq parameters set (e.g. the TLS options: sslmode,
+    sslrootcert, ...), overriding the URL's; unchanged when there are none."""
+    if not params:
+        return url
+    merged = params_of(url) | dict(params)
+    return make_conninfo(**{k: v for k, v in merged.items() if v is not None})
+
+
+def shown(url: str) -> str:
+    """The connection string as it may be shown: without any password, even unparsable."""
+    url = url.removeprefix("jdbc:")
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        if "://" not in url:
+            return "(a key=value connection string that cannot be parsed, not shown)"
+        scheme, rest = url.split("://", 1)
+        if "@" in rest:  # the user info may hold the password: keep only what follows it
+            rest = "***@" + rest.rsplit("@", 1)[1]
+        return redact(f"{scheme}://{rest}")
+    return redact(url)
+
+
+def redact(url: str) -> str:
+    """The connection string with any password replaced by '***'."""
+    url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
+    url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
