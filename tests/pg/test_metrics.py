@@ -28,6 +28,7 @@ from sqlsink import cli
 from sqlsink.cli.metrics import Exporter
 from sqlsink.cli.output import Output
 from sqlsink.core.gid import Gid
+from sqlsink.core.model import NewDecision
 from sqlsink.postgres import commit_log, retention
 from sqlsink.postgres.schema import ensure_schema
 from tests.fix_pg import PgServer
@@ -159,8 +160,14 @@ def test_leftovers_stranded_incomplete_and_lost(log_url: str) -> None:
     rolled = lossy.write(0, range(10, 12))
     assert rolled.gid is not None
     with psycopg.connect(log_url, autocommit=True) as conn:
-        commit_log.insert_decision(conn, "live", 1, [outcome.gid], 3, "q-live", live.run)  # type: ignore[arg-type]
-        commit_log.insert_decision(conn, "lossy", 0, [rolled.gid], 2, "q-lossy", lossy.run)  # type: ignore[arg-type]
+        commit_log.insert_decision(
+            conn,  # type: ignore[arg-type]
+            NewDecision("live", 1, (outcome.gid,), 3, "q-live", live.run),
+        )
+        commit_log.insert_decision(
+            conn,  # type: ignore[arg-type]
+            NewDecision("lossy", 0, (rolled.gid,), 2, "q-lossy", lossy.run),
+        )
         conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(rolled.gid)))
     got = Scraper(log_url).scrape()
     assert of(got, "sqlsink_prepared_transactions", "gone") == 1
