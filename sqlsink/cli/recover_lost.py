@@ -289,7 +289,8 @@ class Decider:
         """What was (or, in a dry run, would be) decided, one sentence per batch; a
         CliError (nothing written) for the first request that cannot be proven."""
         backend = self.backend
-        if not backend.acquire_sink_lock(self.sink_id, lock_timeout).held:
+        # a dry run ends nobody, not even a fenced run's session that holds the lock
+        if not backend.acquire_sink_lock(self.sink_id, lock_timeout, end_fenced=not dry_run).held:
             raise CliError(
                 f"sink {self.sink_id}: its lock is still held after {lock_timeout:g}s (a "
                 "committer or another recover holds it); nothing was decided",
