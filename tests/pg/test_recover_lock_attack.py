@@ -4,15 +4,30 @@ lock go on every path. Real sessions hold the lock; the real command line acts."
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psycopg
+import pytest
+from psycopg import sql
 
+from sqlsink.core.gid import Gid
+from sqlsink.core.model import NewDecision
+from sqlsink.core.recovery import Done, Recovery
+from sqlsink.core.resolution import Scope
 from sqlsink.postgres import locks, run_registry
-from tests.pg.protocol import prepared_of
+from sqlsink.postgres.backend import PostgresBackend
+from tests.pg.protocol import ids_of, prepare_by_hand, prepared_of
 from tests.pg.test_checkpoint_check import new_run
 from tests.pg.test_cli import sqlsink
 from tests.pg.test_failover_leftovers import lost_batch_2, recover
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_lock_holders(url: str) -> list[int]:
@@ -120,3 +135,151 @@ def test_recover_refused_by_a_live_committer_lets_every_lock_go(
         live.close()
     done = recover(pg_url, sink, "--commit-lost", "2")  # the lost batch, committed
     assert done.code == 0 and prepared_of(pg_url, sink) == [], done.out + done.err
+
+
+def decided_batch(url: str, table: str, sink: str, partitions: int) -> list[str]:
+    """Batch 1 of a dead run decided, its ``partitions`` transactions left prepared."""
+    gids = [
+        prepare_by_hand(url, table, Gid(sink, 1, p, "run-dead", 100 + p), range(p * 10, p * 10 + 3))
+        for p in range(partitions)
+    ]
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert PostgresBackend(conn).insert_decision(
+            NewDecision(sink, 1, gids, 3 * partitions, None, "run-dead")
+        )
+    return gids
+
+
+def recover_process(url: str, sink: str, faults: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "SQLSINK_FAULTS_FILE": str(faults), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "sqlsink", "recover", "--url", url, "--sink-id", sink, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def test_a_recover_killed_between_its_commit_prepareds_is_finished_by_the_next(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """SIGKILL after the first COMMIT PREPARED of a decided batch: its session ends and the
+    lock with it; the next recover commits the rest, completes the batch, loses nothing."""
+    gids = decided_batch(pg_url, keyed, sink, 3)
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "mid_commit", "batch": 1, "action": "kill"}]))
+    killed = recover_process(pg_url, sink, faults)
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(prepared_of(pg_url, sink)) == 2  # one committed, then killed
+    deadline = time.monotonic() + 20
+    while cli_lock_holders(pg_url):  # the server notices the closed connection
+        assert time.monotonic() < deadline, "the killed recover's lock stayed held"
+        time.sleep(0.1)
+    again = recover(pg_url, sink)
+    assert again.code == 0, again.out + again.err
+    (doc,) = again.json["sinks"]
+    assert doc["status"] == "recovered" and doc["committed"] == 2
+    assert doc["completed_batches"] == [1]
+    assert prepared_of(pg_url, sink) == [] and ids_of(pg_url, keyed) == [
+        i for p in range(3) for i in range(p * 10, p * 10 + 3)
+    ]
+    assert set(gids) == {a["gid"] for a in again.json["actions"]} | set(gids[:1])
+
+
+def test_a_transaction_finished_by_hand_while_recover_commits_is_already_finished(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """A DBA runs COMMIT PREPARED of a gid the recover is about to commit: its result is
+    "already finished", the batch is verified by its marker and completed, exit code 0."""
+    gids = decided_batch(pg_url, keyed, sink, 2)
+    faults = tmp_path / "faults.json"
+    faults.write_text(
+        json.dumps(
+            [{"point": "mid_commit", "batch": 1, "action": "sleep", "seconds": 4, "once": True}]
+        )
+    )
+    proc = recover_process(pg_url, sink, faults)
+    deadline = time.monotonic() + 60
+    while len(prepared_of(pg_url, sink)) != 1:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    with psycopg.connect(pg_url, autocommit=True) as dba:
+        dba.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gids[1])))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    doc = json.loads(out)
+    assert {a["gid"]: a["result"] for a in doc["actions"]} == {
+        gids[0]: "committed",
+        gids[1]: "already finished",
+    }
+    (sink_doc,) = doc["sinks"]
+    assert sink_doc["completed_batches"] == [1] and sink_doc["status"] == "recovered"
+    assert cli_lock_holders(pg_url) == []
+
+
+def held_by(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_the_cores_recovery_lets_the_lock_go_on_an_error_and_records_a_loss(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """core/recovery.py on a session that stays open: an error between two COMMIT
+    PREPAREDs lets the lock go (nothing held by the session after); a loss is a record
+    (``loss``, what was done in ``finished``, no report), the lock let go too."""
+    gids = decided_batch(pg_url, keyed, sink, 3)
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "mid_commit", "batch": 1, "action": "raise"}]))
+    monkeypatch.setenv("SQLSINK_FAULTS_FILE", str(faults))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        recovery = Recovery(PostgresBackend(conn), sink)
+        assert recovery.lock(1).held and held_by(conn) == 1
+        with pytest.raises(RuntimeError, match="injected fault at mid_commit"):
+            recovery.finish(Scope.everything(frozenset()))
+        assert held_by(conn) == 0
+        monkeypatch.delenv("SQLSINK_FAULTS_FILE")
+        with psycopg.connect(pg_url, autocommit=True) as dba:  # someone rolls one back
+            dba.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gids[2])))
+        assert recovery.lock(1).held
+        done = recovery.finish(Scope.everything(frozenset()))
+        assert held_by(conn) == 0
+    assert done.report is None and done.failure is None and done.loss is not None
+    assert done.loss.context["lost"] == [(1, gids[2])]
+    assert dict(done.finished) == {gids[1]: Done.COMMITTED}
+    assert prepared_of(pg_url, sink) == []
+
+
+def test_two_recovers_at_once_take_turns(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """A second recover while the first commits: with a short --lock-timeout it refuses
+    (exit 1, the first named as the holder, nothing done); with the default it waits,
+    then finds nothing to do. Neither leaves a lock or a transaction."""
+    gids = decided_batch(pg_url, keyed, sink, 2)
+    faults = tmp_path / "faults.json"
+    faults.write_text(
+        json.dumps([{"point": "mid_commit", "batch": 1, "action": "sleep", "seconds": 5}])
+    )
+    first = recover_process(pg_url, sink, faults)
+    deadline = time.monotonic() + 60
+    while len(prepared_of(pg_url, sink)) != 1:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    (holder,) = cli_lock_holders(pg_url)
+    refused = recover(pg_url, sink, "--lock-timeout", "0.5")
+    assert refused.code == 1, refused.out + refused.err
+    (doc,) = refused.json["sinks"]
+    assert doc["status"] == "refused" and [h["pid"] for h in doc["lock_holders"]] == [holder]
+    assert doc["ended_sessions"] == [] and len(prepared_of(pg_url, sink)) == 1
+    waited = recover(pg_url, sink)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, out + err
+    assert waited.code == 0, waited.out + waited.err
+    assert waited.json["sinks"][0]["status"] == "nothing to do"
+    assert prepared_of(pg_url, sink) == [] and cli_lock_holders(pg_url) == []
+    assert {a["gid"]: a["result"] for a in json.loads(out)["actions"]} == dict.fromkeys(
+        gids, "committed"
+    )
