@@ -22,10 +22,11 @@ from sqlsink.core.recovery import Done, Recovery
 from sqlsink.core.resolution import Scope
 from sqlsink.postgres import locks, run_registry
 from sqlsink.postgres.backend import PostgresBackend
-from tests.pg.protocol import ids_of, prepare_by_hand, prepared_of
+from tests.pg.protocol import Writer, ids_of, prepare_by_hand, prepared_of
 from tests.pg.test_checkpoint_check import new_run
 from tests.pg.test_cli import sqlsink
 from tests.pg.test_failover_leftovers import lost_batch_2, recover
+from tests.pg.test_paused_holder import decided, lock_holder_pids, paused_committer, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,12 +101,17 @@ def test_commit_lost_ends_a_fenced_holder_never_a_live_runs_committer(
     newer = new_run(old)
     newer.write(3, range(30, 31))  # run-b registers: the old run is superseded
     zombie = fenced_zombie(pg_url, sink, "run-z")
+    pid = zombie.info.backend_pid
     try:
         done = recover(pg_url, sink, "--commit-lost", "2", "--lock-timeout", "1")
         assert not alive(zombie)
     finally:
         zombie.close()
     assert done.code in (0, 1), done.out + done.err
+    # the session it ended is in its report, as one --force ends (ended_sessions)
+    (doc,) = done.json["sinks"]
+    assert doc["ended_sessions"] == [pid] and doc["decided_batches"] == [2]
+    assert any(f"ended session(s) pid {pid}" in w["message"] for w in done.json["warnings"])
     assert not set(lost) & set(prepared_of(pg_url, sink))
     assert cli_lock_holders(pg_url) == []
 
@@ -283,3 +289,36 @@ def test_two_recovers_at_once_take_turns(
     assert {a["gid"]: a["result"] for a in json.loads(out)["actions"]} == dict.fromkeys(
         gids, "committed"
     )
+
+
+def test_recover_ends_a_sigstopped_zombie_of_a_superseded_run_never_the_live_run(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """A driver of run-a paused (SIGSTOP) after its decision of batch 1, holding the lock;
+    run-b started since (run-a superseded) and has batch 2 in flight. ``recover`` ends
+    the zombie's session (ended_sessions), commits batch 1, leaves run-b's batch 2; the
+    zombie, resumed, commits nothing; run-b's commit goes on."""
+    Writer(pg_url, keyed, sink, query_id="q", run="run-a").batch(0, range(10))
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "after_decision", "action": "sleep", "seconds": 8}]))
+    zombie = paused_committer(pg_url, keyed, sink, "run-a", faults)
+    try:
+        wait_until("the zombie after its decision", lambda: decided(pg_url, sink, 1))
+        os.kill(zombie.pid, signal.SIGSTOP)
+        (zombie_pid,) = lock_holder_pids(pg_url)
+        newer = Writer(pg_url, keyed, sink, query_id="q", run="run-b", extra={"lockTimeout": "2s"})
+        in_flight = newer.write(2, range(15, 20))  # ends the zombie too, or leaves it to us
+        done = recover(pg_url, sink, "--lock-timeout", "1")
+        (doc,) = done.json["sinks"]
+        assert done.code == 1, done.out + done.err  # run-b's batch is left for its commit
+        assert doc["live_runs"] == ["run-b"]
+        assert doc["ended_sessions"] in ([zombie_pid], [])  # [] when run-b's task ended it
+        assert lock_holder_pids(pg_url) == []
+        assert prepared_of(pg_url, sink) == [in_flight.gid]
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(90)
+    assert zombie.returncode != 0
+    newer.commit(2, [in_flight])
+    assert ids_of(pg_url, keyed) == [*range(15), *range(15, 20)]
+    assert prepared_of(pg_url, sink) == []
