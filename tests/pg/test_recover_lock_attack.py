@@ -322,3 +322,37 @@ def test_recover_ends_a_sigstopped_zombie_of_a_superseded_run_never_the_live_run
     newer.commit(2, [in_flight])
     assert ids_of(pg_url, keyed) == [*range(15), *range(15, 20)]
     assert prepared_of(pg_url, sink) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: recover decides (--commit-lost, --mark-skipped) before it fences (--force), "
+    "so the named run's holder is not yet provably fenced when the decision's take waits",
+)
+def test_force_with_commit_lost_fences_before_it_decides(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """The night's one command: the run that lost batch 2's decision is stuck holding the
+    sink lock; ``--force --run-id RUN --commit-lost 2`` fences it, ends its session and
+    commits batch 2, rather than waiting for the lock it is about to free and refusing
+    ("stop the query first")."""
+    old, _, lost = lost_batch_2(pg_url, keyed, sink, tmp_path / "chk")
+    stuck = psycopg.connect(pg_url, autocommit=True)
+    pid = stuck.info.backend_pid
+    try:
+        assert locks.try_sink_lock(stuck, sink)
+        run_registry.register_run(stuck, sink, old.run, 300.0, holds_lock=True)
+        done = recover(
+            pg_url, sink, "--force", "--run-id", old.run, "--commit-lost", "2",
+            "--lock-timeout", "1",
+        )  # fmt: skip
+        ended = not alive(stuck)
+    finally:
+        stuck.close()
+        if set(lost) & set(prepared_of(pg_url, sink)):  # as the operator must now: twice
+            recover(pg_url, sink, "--force", "--run-id", old.run)
+            recover(pg_url, sink, "--commit-lost", "2")
+    assert ended and done.code == 0, done.out + done.err
+    (doc,) = done.json["sinks"]
+    assert doc["fenced_runs"] == [old.run] and doc["ended_sessions"] == [pid]
+    assert doc["decided_batches"] == [2] and doc["committed"] == 2
