@@ -93,6 +93,7 @@ class Recovery:
     checkpoint: Checkpoint | None = None  # --checkpoint (of sink_id)
     decided: list[int] = field(default_factory=list)  # decided by --commit-lost/--mark-skipped
     rollback_undecided: list[int] = field(default_factory=list)  # --rollback-undecided
+    ended: list[int] = field(default_factory=list)  # lock holders ended by decide's take
     recorded: dict[str, RecordedCheckpoint] = field(default_factory=dict)  # read once a sink
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
@@ -112,6 +113,7 @@ class Recovery:
         for sink in self.sinks:
             if sink.sink_id == self.sink_id:
                 sink.decided_batches = list(self.decided)
+                sink.ended = list(self.ended)
         try:
             for sink in self.sinks:
                 self._prepare(sink)
@@ -164,9 +166,12 @@ class Recovery:
             self.me,
             self._evidence(self.sink_id),
         )
-        done = decider.run(
-            requests(commit_lost, mark_skipped), self.lock_timeout, dry_run=self.dry_run
-        )
+        try:
+            done = decider.run(
+                requests(commit_lost, mark_skipped), self.lock_timeout, dry_run=self.dry_run
+            )
+        finally:
+            self.ended = list(decider.ended)
         if not self.dry_run:
             self.decided = sorted(set(commit_lost) | set(mark_skipped))
         return done
@@ -250,7 +255,8 @@ class Recovery:
         """--force: declare the named runs dead in the commit log, then end the sessions
         provably theirs (those that hold the sink's lock, as the run recorded them)."""
         fenced = recovery.fence(sink.named)
-        sink.fenced, sink.ended = list(fenced.runs), list(fenced.ended)
+        sink.fenced = list(fenced.runs)
+        sink.ended += [pid for pid in fenced.ended if pid not in sink.ended]
         if sink.fenced:
             self.out.note(
                 f"sqlsink recover: sink {sink.sink_id}: declared run(s) "

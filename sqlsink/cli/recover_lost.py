@@ -284,12 +284,17 @@ class Decider:
     query_id: str | None  # the streaming query the sink is bound to
     me: pg_roles.RoleInfo
     proof: Evidence
+    ended: list[int] = field(default_factory=list)  # fenced runs' lock holders it ended
 
     def run(self, wanted: list[Request], lock_timeout: float, *, dry_run: bool) -> list[str]:
         """What was (or, in a dry run, would be) decided, one sentence per batch; a
-        CliError (nothing written) for the first request that cannot be proven."""
+        CliError (nothing written) for the first request that cannot be proven. The
+        sessions of fenced runs that held the lock and were ended: ``ended``."""
         backend = self.backend
-        if not backend.acquire_sink_lock(self.sink_id, lock_timeout).held:
+        # a dry run ends nobody, not even a fenced run's session that holds the lock
+        take = backend.acquire_sink_lock(self.sink_id, lock_timeout, end_fenced=not dry_run)
+        self.ended = list(take.ended)
+        if not take.held:
             raise CliError(
                 f"sink {self.sink_id}: its lock is still held after {lock_timeout:g}s (a "
                 "committer or another recover holds it); nothing was decided",

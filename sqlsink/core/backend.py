@@ -44,11 +44,13 @@ class TwoPhaseBackend(Protocol):
         sink_id: str | None,
         timeout_s: float | None = None,
         waiting: Callable[[], None] | None = None,
+        *,
+        end_fenced: bool = True,
     ) -> LockTake:
         """The one way the sink's lock is taken (it stacks): free, at once; else
         ``waiting()`` is told and the lock waited for at most ``timeout_s`` (None: the
         session's bound); a holder that is provably a fenced run's session is ended and
-        the lock waited for once more."""
+        the lock waited for once more (not with ``end_fenced=False``: a dry run's take)."""
         ...
 
     def try_sink_lock(self, sink_id: str | None) -> bool:

@@ -75,9 +75,11 @@ class PostgresBackend:
         sink_id: str | None,
         timeout_s: float | None = None,
         waiting: Callable[[], None] | None = None,
+        *,
+        end_fenced: bool = True,
     ) -> LockTake:
         bound = self.lock_timeout_s if timeout_s is None else timeout_s
-        return locks.acquire_sink_lock(self.conn, sink_id, bound, waiting)
+        return locks.acquire_sink_lock(self.conn, sink_id, bound, waiting, end_fenced=end_fenced)
 
     def try_sink_lock(self, sink_id: str | None) -> bool:
         return locks.try_sink_lock(self.conn, sink_id)

@@ -44,19 +44,22 @@ def acquire_sink_lock(
     sink_id: str | None,
     timeout_s: float,
     waiting: Callable[[], None] | None = None,
+    *,
+    end_fenced: bool = True,
 ) -> LockTake:
     """The one way the sink's session lock is taken: free, at once (one round trip);
     else ``waiting()`` is told, and the lock waited for at most ``timeout_s``. A holder
     that is provably a fenced run's session (docs/DESIGN.md invariant 10: the pid and
     start time it recorded when it took the lock) is ended, and the lock waited for
-    once more. Not held at the end: the caller refuses (``sink_lock`` raises)."""
+    once more; not with ``end_fenced=False`` (a dry run ends nobody). Not held at the
+    end: the caller refuses (``sink_lock`` raises)."""
     if try_sink_lock(conn, sink_id):
         return LockTake(True)
     if waiting is not None:
         waiting()
     held = _wait(conn, sink_id, timeout_s)
     ended: tuple[int, ...] = ()
-    if not held:
+    if not held and end_fenced:
         ended = tuple(end_fenced_holders(conn, sink_id))
         held = bool(ended) and _wait(conn, sink_id, timeout_s)
     return LockTake(held, waited=True, ended=ended)

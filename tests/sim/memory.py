@@ -491,9 +491,12 @@ class MemoryBackend:
         sink_id: str | None,
         timeout_s: float | None = None,
         waiting: Callable[[], None] | None = None,
+        *,
+        end_fenced: bool = True,
     ) -> LockTake:
         """locks.acquire_sink_lock: free at once, else a bounded wait; a holder that a
-        fenced run recorded is ended, and the lock waited for once more."""
+        fenced run recorded is ended (unless not ``end_fenced``), and the lock waited for
+        once more."""
         timeout = self.session.lock_timeout_s if timeout_s is None else timeout_s
         self._call(f"lock {sink_id}")
         if self._take(lock_key(sink_id), sink_id):
@@ -502,7 +505,7 @@ class MemoryBackend:
             waiting()
         held = self._wait(sink_id, timeout)
         ended: tuple[int, ...] = ()
-        if not held:
+        if not held and end_fenced:
             ended = tuple(self._end_fenced_holders(sink_id))
             held = bool(ended) and self.wait_sink_lock(sink_id, timeout)
         return LockTake(held, waited=True, ended=ended)
