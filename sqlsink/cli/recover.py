@@ -94,6 +94,7 @@ class Recovery:
     decided: list[int] = field(default_factory=list)  # decided by --commit-lost/--mark-skipped
     rollback_undecided: list[int] = field(default_factory=list)  # --rollback-undecided
     ended: list[int] = field(default_factory=list)  # lock holders ended by decide's take
+    fenced: list[str] = field(default_factory=list)  # --force's runs, fenced before decide
     recorded: dict[str, RecordedCheckpoint] = field(default_factory=dict)  # read once a sink
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
@@ -114,6 +115,7 @@ class Recovery:
             if sink.sink_id == self.sink_id:
                 sink.decided_batches = list(self.decided)
                 sink.ended = list(self.ended)
+                sink.fenced = list(self.fenced)
         try:
             for sink in self.sinks:
                 self._prepare(sink)
@@ -146,7 +148,7 @@ class Recovery:
         if self.dry_run:
             self._plan_only(sink, recovery)
             return
-        if sink.named:
+        if sink.named and not sink.fenced:  # not fenced already, before decide
             self._fence(sink, recovery)
         if self._take_lock(sink, recovery):
             self._warn_foreign_owners(sink)
@@ -155,6 +157,17 @@ class Recovery:
         """--commit-lost and --mark-skipped: the decisions, written (or, in a dry run, only
         checked) under the sink's lock, before anything is resolved."""
         assert self.sink_id is not None
+        if self.run_ids and not self.dry_run:
+            # --force first: the named runs' lock holders are then provably fenced, so
+            # the decision's take of the lock ends them instead of waiting for them
+            fenced = SinkProcedure(self.backend, self.sink_id).fence(self.run_ids)
+            self.fenced = list(fenced.runs)
+            self.ended += [pid for pid in fenced.ended if pid not in self.ended]
+            if self.fenced:
+                self.out.note(
+                    f"sqlsink recover: sink {self.sink_id}: declared run(s) "
+                    f"{', '.join(self.fenced)} dead (fenced)"
+                )
         row = self.bound.get(self.sink_id)
         query = row.query_id if row else None
         if query is None and self.checkpoint is not None:  # not bound yet (a load is refused)
@@ -171,7 +184,7 @@ class Recovery:
                 requests(commit_lost, mark_skipped), self.lock_timeout, dry_run=self.dry_run
             )
         finally:
-            self.ended = list(decider.ended)
+            self.ended += [pid for pid in decider.ended if pid not in self.ended]
         if not self.dry_run:
             self.decided = sorted(set(commit_lost) | set(mark_skipped))
         return done

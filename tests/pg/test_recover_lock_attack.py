@@ -325,11 +325,6 @@ def test_recover_ends_a_sigstopped_zombie_of_a_superseded_run_never_the_live_run
     assert prepared_of(pg_url, sink) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: recover decides (--commit-lost, --mark-skipped) before it fences (--force), "
-    "so the named run's holder is not yet provably fenced when the decision's take waits",
-)
 def test_force_with_commit_lost_fences_before_it_decides(
     pg_url: str, keyed: str, sink: str, tmp_path: Path
 ) -> None:
