@@ -16,7 +16,7 @@ from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import prepared as pg_prepared
 
 LOSS_FIX = (
-    "see the README's 'data loss' runbook; the decision stays incomplete, so "
+    "see the runbook's 'Data loss' (docs/operations/runbook.md); the decision stays incomplete, so "
     "status and recover report it until it is dealt with"
 )
 

@@ -34,7 +34,7 @@ from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.survey import roles as pg_roles
 
-RUNBOOK = "see the README's 'data loss' runbook"
+RUNBOOK = "see the runbook's 'Data loss' (docs/operations/runbook.md)"
 
 
 @dataclass(frozen=True)

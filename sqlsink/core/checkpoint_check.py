@@ -290,8 +290,8 @@ def checkpoint_loss_error(
     if bare:
         parts.append(_bare_text(sink_id, location, bare, tail, entry, after=bool(held)))
     parts.append(
-        f"Batch {batch_id} is not decided: its transactions are rolled back; see the README's "
-        "'data loss' runbook"
+        f"Batch {batch_id} is not decided: its transactions are rolled back; see the runbook's "
+        "'Data loss' (docs/operations/runbook.md)"
     )
     return DataLossError(
         " ".join(parts),

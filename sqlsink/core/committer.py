@@ -334,8 +334,8 @@ class Committer:
         return (
             f"rolled back by sqlsink recover while run {run_id} was not heard from within its "
             "timeout (no task of it started or prepared, no commit, no heartbeat: raise "
-            "runTimeout above the longest such gap, README 'runTimeout'), or by hand "
-            "(ROLLBACK PREPARED)"
+            "runTimeout above the longest such gap: docs/reference/options.md, "
+            "'runTimeout'), or by hand (ROLLBACK PREPARED)"
         )
 
     def abort_batch(

@@ -1,4 +1,4 @@
-"""The key-order trap (README "Benchmarks"): partitions that hand PostgreSQL their rows
+"""The key-order trap (docs/performance.md): partitions that hand PostgreSQL their rows
 in random order of the table's key.
 
 ``repartition(n)`` (round robin after Spark's local sort by row hash) gives each

@@ -262,7 +262,7 @@ def data_loss_error(lost: list[tuple[int, str]]) -> DataLossError:
     return DataLossError(
         "data loss: decided transaction(s) are neither prepared nor committed (someone "
         f"rolled them back): {'; '.join(details)}{more}. Those rows are missing from the "
-        "target. Restore them from the source for these batches; see the README's "
-        "'data loss' runbook",
+        "target. Restore them from the source for these batches; see the runbook's "
+        "'Data loss' (docs/operations/runbook.md)",
         lost=lost,
     )

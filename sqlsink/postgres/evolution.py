@@ -1,7 +1,7 @@
 """Schema evolution (option ``schemaEvolution``): what planning changes in the target.
 
 ``addColumns``: a DataFrame column the table lacks is added as a nullable column of the
-type ``createTable`` would give it (README's type table). ``widen``: that, and a column
+type ``createTable`` would give it (docs/reference/types.md). ``widen``: that, and a column
 whose DataFrame type is wider than the column's is widened where PostgreSQL keeps every
 stored value:
 

@@ -44,7 +44,7 @@ server checks). If a part fails, or the block raises, the batch is aborted like 
 data source's abort: this run's transactions of the batch are rolled back unless
 the batch is decided.
 
-Identity (docs/DESIGN.md 1.5, README "The foreachBatch writer"): the query id, run id and
+Identity (docs/DESIGN.md 1.5, docs/entry-points/foreach-batch.md): the query id, run id and
 batch id come from Spark's local properties on the driver thread that runs the
 foreachBatch function (``sql.streaming.queryId``, ``spark.jobGroup.id``,
 ``streaming.sql.batchId``), else (Spark Connect, or outside a stream) from the
@@ -100,7 +100,7 @@ class ForeachBatchWriter:
       DataFrame is sorted by it within each partition before writing (upsert: also
       range-partitioned by it, so that a key is in one partition); ``repartition(n)``
       hands partitions their rows in random key order, which costs PostgreSQL 2-3x the
-      CPU to insert (README "Benchmarks"); False writes the partitions as given;
+      CPU to insert (docs/performance.md); False writes the partitions as given;
     - ``query_id``: the streaming query's id, for launch paths where Spark's local
       properties are not readable (e.g. Spark Connect); inside a classic foreachBatch
       it must match Spark's, and is not needed;

@@ -1,4 +1,4 @@
-"""Which PySpark each entry point needs, checked where it is used (README "Versions").
+"""Which PySpark each entry point needs, checked where it is used (docs/deployment/index.md).
 
 PySpark is the user's, not a dependency of the package: a job runs with its
 cluster's PySpark, and ``pip install sqlsink`` must neither replace a Spark 3.5

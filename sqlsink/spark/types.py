@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def column_type(data_type: T.DataType, column: str) -> Any:
-    """The PostgreSQL column type a Spark type is created as (see README's type table)."""
+    """The PostgreSQL column type a Spark type is created as (see docs/reference/types.md)."""
     import sqlalchemy as sa  # DDL only: createTable (its import costs ~0.1 s a process)
     from sqlalchemy.dialects import postgresql as pg
 
