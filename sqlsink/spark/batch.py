@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from sqlsink.options import Mode, Semantic, SinkOptions
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
+    from sqlsink.postgres.evolution import Evolution
     from sqlsink.spark.foreach_batch import ForeachBatchWriter, Identity
     from sqlsink.spark.plan import CommitterSession
 
@@ -40,6 +42,7 @@ class Batch:
         self.first_options: SinkOptions | None = None
         self.parts = 0
         self.tables: list[str] = []  # the batch's tables, in the order first given
+        self.first_parts: dict[str, int] = {}  # each table's first part in the batch
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
         # the consistent views the batch's parts name: view -> its table (kept at commit)
         self.views: dict[TableName, TableName] = {}
@@ -112,6 +115,7 @@ class Batch:
         self._add_view(options)
         if self.first_options is None:
             self.first_options = options
+        written_by = self.first_parts.setdefault(str(options.table), self.parts)
         if str(options.table) not in self.tables:
             self.tables.append(str(options.table))
         from sqlsink.spark.parts import (
@@ -124,7 +128,12 @@ class Batch:
         )
         from sqlsink.spark.plan import plan_write
 
-        target = plan_write(options, df.schema, options.sink_id or "")
+        before_changes = None
+        if written_by < self.parts:  # an earlier part's transactions hold the table
+            before_changes = partial(self._refuse_changes, options.table, written_by)
+        target = plan_write(
+            options, df.schema, options.sink_id or "", before_changes=before_changes
+        )
         count = partition_count(df)
         if options.mode is Mode.REPLACE:
             df, count = one_partition(df, count), 1
@@ -143,6 +152,24 @@ class Batch:
         written = prepare_part(df, options, target, identity, self.batch_id, part)
         self.outcomes += written
         self._check_key_ranges(written)
+
+    def _refuse_changes(self, table: TableName, written_by: int, evolution: Evolution) -> None:
+        """Part ``written_by`` of this batch prepared rows of ``table``: its transactions
+        hold the table until the batch's own decision, so an ALTER of it now would wait
+        for them until its lock wait gives up (and they are not a dead run's)."""
+        changes = [f"add column {name!r}" for name, _ in evolution.additions]
+        changes += [f"widen column {w.column!r} to {w.new_type}" for w in evolution.widenings]
+        raise ConfigError(
+            f"sink {self.writer.sink_id!r}: part {self.parts} of batch {self.batch_id} would "
+            f"alter table {table} ({'; '.join(changes)}: schemaEvolution), but part "
+            f"{written_by} of this batch wrote the table: its prepared transactions hold "
+            "the table until the batch's decision, so the ALTER TABLE cannot run now. "
+            "Nothing was changed; nothing of the batch is committed. Fix: give the "
+            "DataFrame with the new columns or types first among the batch's parts "
+            "writing the table",
+            batch=self.batch_id,
+            table=str(table),
+        )
 
     def _add_view(self, options: SinkOptions) -> None:
         """A view names one table, in every part of the batch that gives it."""
