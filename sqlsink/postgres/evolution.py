@@ -103,8 +103,17 @@ def plan_evolution(
     additions: list[tuple[str, str]] = []
     problems: list[str] = []
     unaddable: list[str] = []
+    longest = _longest_name(conn)
     for name in field_names:
         if name == options.delete_column or name in by_name or name.lower() in by_lower:
+            continue
+        if len(name.encode()) > longest:  # the server would cut it: never found again
+            problems.append(
+                f"column {name!r} of the DataFrame: its name is {len(name.encode())} bytes "
+                f"and PostgreSQL keeps {longest} (max_identifier_length), so the column "
+                "added would have another name. Fix: rename the column in Spark"
+            )
+            unaddable.append(name)
             continue
         try:
             additions.append((name, _type_text(column_type(name))))
@@ -135,6 +144,11 @@ def plan_evolution(
     return Evolution(
         tuple(evolved), tuple(additions), tuple(widenings), tuple(problems), tuple(unaddable)
     )
+
+
+def _longest_name(conn: Connection) -> int:
+    row = conn.execute("SELECT current_setting('max_identifier_length')::int").fetchone()
+    return int(row[0]) if row else 63
 
 
 def _type_text(sa_type: Any) -> str:
