@@ -304,6 +304,17 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
             "as its owner",
             table=str(table),
         ) from None
+    except (psycopg.ProgrammingError, psycopg.NotSupportedError) as exc:
+        # what the catalog read above does not foresee: a generated column or a policy
+        # reading the column, a partition's own column, ...
+        detail = f" ({exc.diag.message_detail.rstrip('.')})" if exc.diag.message_detail else ""
+        raise ConfigError(
+            f"option schemaEvolution={options.schema_evolution.value}: PostgreSQL refused "
+            f"{_statement(table, evolution).as_string(conn)}: {exc.diag.message_primary}"
+            f"{detail}. Nothing was changed or written. Fix: change table {table} by hand "
+            "so that the DataFrame fits it, or cast the DataFrame's columns to its types",
+            table=str(table),
+        ) from None
     log.info("sqlsink: table %s: %s", table, "; ".join(what))
 
 

@@ -255,3 +255,23 @@ def test_a_query_planned_before_another_widened_the_column_is_told_it_changed(
     assert not caught.value.transient, caught.value  # every retry would fail the same way
     assert "column 'id'" in str(caught.value) and "bigint" in str(caught.value), caught.value
     assert "restart" in str(caught.value), caught.value
+
+
+def test_widening_a_column_a_generated_column_reads_is_refused_in_the_sinks_words(
+    pg_url: str, table: str
+) -> None:
+    """PostgreSQL cannot change the type of a column a generated column reads: a
+    ConfigError with the statement and the server's reason, not psycopg's
+    FeatureNotSupported."""
+    make(pg_url, table, "id integer, doubled integer GENERATED ALWAYS AS (id * 2) STORED")
+    with pytest.raises(ConfigError) as caught:
+        plan(pg_url, table, schema_of(id=T.LongType()), schemaEvolution="widen")
+    t = f"public.{table}"
+    assert str(caught.value) == (
+        f'option schemaEvolution=widen: PostgreSQL refused ALTER TABLE "public"."{table}" '
+        'ALTER COLUMN "id" TYPE bigint: cannot alter type of a column used by a generated '
+        'column (Column "id" is used by generated column "doubled"). Nothing was changed '
+        f"or written. Fix: change table {t} by hand so that the DataFrame fits it, or cast "
+        "the DataFrame's columns to its types"
+    )
+    assert columns_of(pg_url, table)[0] == ("id", "integer", False)
