@@ -21,10 +21,11 @@ pairs are never changed (timestamp to timestamptz changes what a value means): t
 written as without the option, or refused as then.
 
 Planning (``plan_evolution``) only reads; every problem joins the planner's one message
-before anything changes. ``apply_evolution`` then runs one ``ALTER TABLE`` in its own
-short transaction, with a bounded lock wait whose error names the holder. ``ADD COLUMN
-IF NOT EXISTS`` and re-planning (which finds the columns) make it idempotent across
-crashes and replays. A consistent view is replaced to show the new columns by the
+before anything changes. ``apply_evolution`` then locks the table and runs one ``ALTER
+TABLE`` in its own short transaction, with a bounded lock wait whose error names the
+holder. ``ADD COLUMN IF NOT EXISTS``, a widening made only if the column still has the
+type planned (two queries widening at once never narrow it), and re-planning (which
+finds the columns) make it idempotent across crashes, replays and races. A consistent view is replaced to show the new columns by the
 committer before the batch's decision (``views.keep_view``: its columns differ).
 """
 
@@ -273,11 +274,7 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
     """One ALTER TABLE in its own short transaction; its lock wait is bounded, and the
     error names who holds the table (a prepared transaction, with the way to resolve it)."""
     table = options.table
-    what = [f"added column {name!r} ({type_})" for name, type_ in evolution.additions]
-    what += [
-        f"widened column {w.column!r} from {w.old_type} to {w.new_type}"
-        for w in evolution.widenings
-    ]
+    what = _described(evolution)
     rewritten = [w.column for w in evolution.widenings if w.rewrite]
     if rewritten:
         log.warning(
@@ -293,7 +290,12 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
                 "SELECT set_config('lock_timeout', %s, true)",
                 (f"{max(int(timeout_s * 1000), 1)}ms",),
             )
-            conn.execute(_statement(table, evolution))
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table.identifier())
+            )
+            evolution = _still_needed(conn, table, evolution)
+            if evolution.changes:
+                conn.execute(_statement(table, evolution))
     except psycopg.errors.LockNotAvailable:
         raise _lock_error(conn, table, what, timeout_s) from None
     except psycopg.errors.InsufficientPrivilege as exc:
@@ -315,7 +317,32 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
             "so that the DataFrame fits it, or cast the DataFrame's columns to its types",
             table=str(table),
         ) from None
-    log.info("sqlsink: table %s: %s", table, "; ".join(what))
+    if evolution.changes:  # else another session made them meanwhile
+        log.info("sqlsink: table %s: %s", table, "; ".join(_described(evolution)))
+
+
+def _described(evolution: Evolution) -> list[str]:
+    what = [f"added column {name!r} ({type_})" for name, type_ in evolution.additions]
+    return what + [
+        f"widened column {w.column!r} from {w.old_type} to {w.new_type}"
+        for w in evolution.widenings
+    ]
+
+
+def _still_needed(conn: Connection, table: TableName, evolution: Evolution) -> Evolution:
+    """The changes still to make once the table is locked: a widening another session
+    made meanwhile (to this type or a wider one) is not made again, which could narrow
+    the column back (ADD COLUMN IF NOT EXISTS needs no such care)."""
+    if not evolution.widenings:
+        return evolution
+    rows = conn.execute(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
+        (quoted(conn, table), [w.column for w in evolution.widenings]),
+    ).fetchall()
+    now = {str(name): str(type_) for name, type_ in rows}
+    kept = tuple(w for w in evolution.widenings if now.get(w.column) == w.old_type)
+    return replace(evolution, widenings=kept)
 
 
 def _lock_error(

@@ -274,3 +274,31 @@ def test_widening_a_column_a_generated_column_reads_is_refused_in_the_sinks_word
         "the DataFrame's columns to its types"
     )
     assert columns_of(pg_url, table)[0] == ("id", "integer", False)
+
+
+def test_two_queries_widening_one_column_at_once_never_narrow_it(pg_url: str, table: str) -> None:
+    """A (bigint DataFrame) and B (integer DataFrame) both plan a smallint column's
+    widening; A's ALTER runs first: B's, planned on smallint, must not take the column
+    back from bigint to integer (which would cut A's values, or fail A's next writes)."""
+    make(pg_url, table, "v smallint")
+    results: list[Any] = []
+    with psycopg.connect(pg_url) as holder:
+        holder.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+
+        def one(kind: T.DataType) -> None:
+            try:
+                results.append(plan(pg_url, table, schema_of(v=kind), schemaEvolution="widen"))
+            except Exception as exc:  # the test asserts what it was
+                results.append(exc)
+
+        first = threading.Thread(target=one, args=(T.LongType(),))
+        first.start()
+        _wait_for_waiters(pg_url, table, 1)
+        second = threading.Thread(target=one, args=(T.IntegerType(),))
+        second.start()
+        _wait_for_waiters(pg_url, table, 2)
+        holder.rollback()
+    first.join(30)
+    second.join(30)
+    assert columns_of(pg_url, table) == [("v", "bigint", False)], results
+    assert not [r for r in results if isinstance(r, BaseException)], results
