@@ -73,3 +73,42 @@ def test_a_later_part_adding_a_column_to_a_table_the_batch_wrote_is_refused_at_o
     with psycopg.connect(pg_url, autocommit=True) as conn:
         count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
         assert count.fetchone() == (0,)
+
+
+def test_an_upsert_stream_gains_columns_then_a_narrower_run_keeps_them(
+    spark: Any, tmp_path: Path, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    """mode=upsert with addColumns: the key is unchanged, the new columns are added and
+    upserted; a later run from the checkpoint with the old (narrower) schema upserts
+    keys again: their rows keep the values of the columns it does not write (an upsert
+    updates the columns written), new keys have NULL there; nothing prepared."""
+    from tests.spark.streams import add_source_file, run_query
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, payload text)").format(
+                sql.Identifier(table)
+            )
+        )
+    options = {"url": pg_url, "table": table, "mode": "upsert", "schemaEvolution": "addColumns"}
+    write_source(tmp_path / "src", [range(0, 20), range(10, 30)])
+    run_query(spark, tmp_path / "src", tmp_path / "chk", options)
+    assert columns_of(pg_url, table) == ["id", "payload", "ts", "amount"]
+    add_source_file(tmp_path / "src", 2, range(25, 40))
+    run_query(
+        spark, tmp_path / "src", tmp_path / "chk", options, schema="id BIGINT, payload STRING"
+    )
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT id, payload, amount FROM {} ORDER BY id").format(sql.Identifier(table))
+        ).fetchall()
+    assert rows == [(i, f"record {i} ✓", i / 4 if i < 30 else None) for i in range(40)]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        key = conn.execute(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = "
+            "i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass "
+            "AND i.indisprimary",
+            (f"public.{table}",),
+        ).fetchall()
+    assert key == [("id",)]
+    assert prepared_transactions(pg_server.admin_url) == []
