@@ -25,8 +25,9 @@ before anything changes. ``apply_evolution`` then locks the table and runs one `
 TABLE`` in its own short transaction, with a bounded lock wait whose error names the
 holder. ``ADD COLUMN IF NOT EXISTS``, a widening made only if the column still has the
 type planned (two queries widening at once never narrow it), and re-planning (which
-finds the columns) make it idempotent across crashes, replays and races. A consistent view is replaced to show the new columns by the
-committer before the batch's decision (``views.keep_view``: its columns differ).
+finds the columns) make it idempotent across crashes, replays and races. A consistent
+view is replaced to show the new columns by the committer before the batch's decision
+(``views.keep_view``: its columns differ).
 """
 
 from __future__ import annotations

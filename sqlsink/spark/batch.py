@@ -42,7 +42,9 @@ class Batch:
         self.first_options: SinkOptions | None = None
         self.parts = 0
         self.tables: list[str] = []  # the batch's tables, in the order first given
-        self.first_parts: dict[str, int] = {}  # each table's first part in the batch
+        # the tables whose rows a part prepared, each with the first such part: their
+        # prepared transactions hold the table until the batch's decision
+        self.holding: dict[str, int] = {}
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
         # the consistent views the batch's parts name: view -> its table (kept at commit)
         self.views: dict[TableName, TableName] = {}
@@ -115,7 +117,6 @@ class Batch:
         self._add_view(options)
         if self.first_options is None:
             self.first_options = options
-        written_by = self.first_parts.setdefault(str(options.table), self.parts)
         if str(options.table) not in self.tables:
             self.tables.append(str(options.table))
         from sqlsink.spark.parts import (
@@ -129,8 +130,9 @@ class Batch:
         from sqlsink.spark.plan import plan_write
 
         before_changes = None
-        if written_by < self.parts:  # an earlier part's transactions hold the table
-            before_changes = partial(self._refuse_changes, options.table, written_by)
+        held_by = self.holding.get(str(options.table))
+        if held_by is not None:  # an earlier part's transactions hold the table
+            before_changes = partial(self._refuse_changes, options.table, held_by)
         target = plan_write(
             options, df.schema, options.sink_id or "", before_changes=before_changes
         )
@@ -151,6 +153,8 @@ class Batch:
         heartbeat.before_job(self, options, writer.sink_id, identity.run_id, identity.query_id)
         written = prepare_part(df, options, target, identity, self.batch_id, part)
         self.outcomes += written
+        if any(o is not None and o.gid is not None and not o.skipped for o in written):
+            self.holding.setdefault(str(options.table), part)
         self._check_key_ranges(written)
 
     def _refuse_changes(self, table: TableName, written_by: int, evolution: Evolution) -> None:
@@ -162,7 +166,7 @@ class Batch:
         raise ConfigError(
             f"sink {self.writer.sink_id!r}: part {self.parts} of batch {self.batch_id} would "
             f"alter table {table} ({'; '.join(changes)}: schemaEvolution), but part "
-            f"{written_by} of this batch wrote the table: its prepared transactions hold "
+            f"{written_by} of this batch wrote rows to it: its prepared transactions hold "
             "the table until the batch's decision, so the ALTER TABLE cannot run now. "
             "Nothing was changed; nothing of the batch is committed. Fix: give the "
             "DataFrame with the new columns or types first among the batch's parts "

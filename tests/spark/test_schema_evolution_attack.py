@@ -61,7 +61,7 @@ def test_a_later_part_adding_a_column_to_a_table_the_batch_wrote_is_refused_at_o
     refusal = (
         f"sqlsink.errors.ConfigError: sink {sink_id!r}: part 1 of batch 0 would alter table "
         f"public.{table} (add column 'amount': schemaEvolution), but part 0 of this batch "
-        "wrote the table: its prepared transactions hold the table until the batch's "
+        "wrote rows to it: its prepared transactions hold the table until the batch's "
         "decision, so the ALTER TABLE cannot run now. Nothing was changed; nothing of the "
         "batch is committed. Fix: give the DataFrame with the new columns or types first "
         "among the batch's parts writing the table"
@@ -111,4 +111,29 @@ def test_an_upsert_stream_gains_columns_then_a_narrower_run_keeps_them(
             (f"public.{table}",),
         ).fetchall()
     assert key == [("id",)]
+    assert prepared_transactions(pg_server.admin_url) == []
+
+
+def test_a_later_part_adds_a_column_when_the_earlier_part_wrote_no_rows(
+    spark: Any, pg_url: str, table: str, pg_server: PgServer
+) -> None:
+    """An earlier part with no rows prepared nothing: nothing holds the table, so a
+    later part's column is added, and the batch commits."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table)))
+    writer = sqlsink.ForeachBatchWriter(
+        url=pg_url,
+        sink_id=f"evolve-{uuid.uuid4().hex[:8]}",
+        query_id="evolve-parts",
+        schema_evolution="addColumns",
+    )
+    with writer.batch(0) as b:
+        b.append(spark.range(0, 0), table)
+        b.append(spark.range(0, 3).selectExpr("id", "CAST(id AS STRING) AS note"), table)
+    assert columns_of(pg_url, table) == ["id", "note"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT id, note FROM {} ORDER BY id").format(sql.Identifier(table))
+        ).fetchall()
+    assert rows == [(0, "0"), (1, "1"), (2, "2")]
     assert prepared_transactions(pg_server.admin_url) == []
