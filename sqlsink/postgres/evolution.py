@@ -21,11 +21,13 @@ pairs are never changed (timestamp to timestamptz changes what a value means): t
 written as without the option, or refused as then.
 
 Planning (``plan_evolution``) only reads; every problem joins the planner's one message
-before anything changes. ``apply_evolution`` then runs one ``ALTER TABLE`` in its own
-short transaction, with a bounded lock wait whose error names the holder. ``ADD COLUMN
-IF NOT EXISTS`` and re-planning (which finds the columns) make it idempotent across
-crashes and replays. A consistent view is replaced to show the new columns by the
-committer before the batch's decision (``views.keep_view``: its columns differ).
+before anything changes. ``apply_evolution`` then locks the table and runs one ``ALTER
+TABLE`` in its own short transaction, with a bounded lock wait whose error names the
+holder. ``ADD COLUMN IF NOT EXISTS``, a widening made only if the column still has the
+type planned (two queries widening at once never narrow it), and re-planning (which
+finds the columns) make it idempotent across crashes, replays and races. A consistent
+view is replaced to show the new columns by the committer before the batch's decision
+(``views.keep_view``: its columns differ).
 """
 
 from __future__ import annotations
@@ -103,8 +105,17 @@ def plan_evolution(
     additions: list[tuple[str, str]] = []
     problems: list[str] = []
     unaddable: list[str] = []
+    longest = _longest_name(conn)
     for name in field_names:
         if name == options.delete_column or name in by_name or name.lower() in by_lower:
+            continue
+        if len(name.encode()) > longest:  # the server would cut it: never found again
+            problems.append(
+                f"column {name!r} of the DataFrame: its name is {len(name.encode())} bytes "
+                f"and PostgreSQL keeps {longest} (max_identifier_length), so the column "
+                "added would have another name. Fix: rename the column in Spark"
+            )
+            unaddable.append(name)
             continue
         try:
             additions.append((name, _type_text(column_type(name))))
@@ -135,6 +146,11 @@ def plan_evolution(
     return Evolution(
         tuple(evolved), tuple(additions), tuple(widenings), tuple(problems), tuple(unaddable)
     )
+
+
+def _longest_name(conn: Connection) -> int:
+    row = conn.execute("SELECT current_setting('max_identifier_length')::int").fetchone()
+    return int(row[0]) if row else 63
 
 
 def _type_text(sa_type: Any) -> str:
@@ -259,11 +275,7 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
     """One ALTER TABLE in its own short transaction; its lock wait is bounded, and the
     error names who holds the table (a prepared transaction, with the way to resolve it)."""
     table = options.table
-    what = [f"added column {name!r} ({type_})" for name, type_ in evolution.additions]
-    what += [
-        f"widened column {w.column!r} from {w.old_type} to {w.new_type}"
-        for w in evolution.widenings
-    ]
+    what = _described(evolution)
     rewritten = [w.column for w in evolution.widenings if w.rewrite]
     if rewritten:
         log.warning(
@@ -279,7 +291,12 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
                 "SELECT set_config('lock_timeout', %s, true)",
                 (f"{max(int(timeout_s * 1000), 1)}ms",),
             )
-            conn.execute(_statement(table, evolution))
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table.identifier())
+            )
+            evolution = _still_needed(conn, table, evolution)
+            if evolution.changes:
+                conn.execute(_statement(table, evolution))
     except psycopg.errors.LockNotAvailable:
         raise _lock_error(conn, table, what, timeout_s) from None
     except psycopg.errors.InsufficientPrivilege as exc:
@@ -290,7 +307,43 @@ def apply_evolution(conn: Connection, options: SinkOptions, evolution: Evolution
             "as its owner",
             table=str(table),
         ) from None
-    log.info("sqlsink: table %s: %s", table, "; ".join(what))
+    except (psycopg.ProgrammingError, psycopg.NotSupportedError) as exc:
+        # what the catalog read above does not foresee: a generated column or a policy
+        # reading the column, a partition's own column, ...
+        detail = f" ({exc.diag.message_detail.rstrip('.')})" if exc.diag.message_detail else ""
+        raise ConfigError(
+            f"option schemaEvolution={options.schema_evolution.value}: PostgreSQL refused "
+            f"{_statement(table, evolution).as_string(conn)}: {exc.diag.message_primary}"
+            f"{detail}. Nothing was changed or written. Fix: change table {table} by hand "
+            "so that the DataFrame fits it, or cast the DataFrame's columns to its types",
+            table=str(table),
+        ) from None
+    if evolution.changes:  # else another session made them meanwhile
+        log.info("sqlsink: table %s: %s", table, "; ".join(_described(evolution)))
+
+
+def _described(evolution: Evolution) -> list[str]:
+    what = [f"added column {name!r} ({type_})" for name, type_ in evolution.additions]
+    return what + [
+        f"widened column {w.column!r} from {w.old_type} to {w.new_type}"
+        for w in evolution.widenings
+    ]
+
+
+def _still_needed(conn: Connection, table: TableName, evolution: Evolution) -> Evolution:
+    """The changes still to make once the table is locked: a widening another session
+    made meanwhile (to this type or a wider one) is not made again, which could narrow
+    the column back (ADD COLUMN IF NOT EXISTS needs no such care)."""
+    if not evolution.widenings:
+        return evolution
+    rows = conn.execute(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
+        (quoted(conn, table), [w.column for w in evolution.widenings]),
+    ).fetchall()
+    now = {str(name): str(type_) for name, type_ in rows}
+    kept = tuple(w for w in evolution.widenings if now.get(w.column) == w.old_type)
+    return replace(evolution, widenings=kept)
 
 
 def _lock_error(

@@ -311,11 +311,42 @@ def _write_error(
     parts.append(f"server says: {message}")
     if diag.message_detail:
         parts.append(scrub(diag.message_detail, options.url, options.password).rstrip("."))
+    changed = _changed_types(diag.sqlstate, options, target)
+    if changed:  # every attempt with this plan would fail so: terminal, and why
+        text = "; ".join(parts) + f". Nothing of batch {task.batch_id} is visible. "
+        return WriteError(
+            text + f"{changed} (changed since by another query's schemaEvolution=widen, or "
+            "an ALTER TABLE). Fix: restart the query (from its checkpoint): it plans again",
+            batch=task.batch_id,
+            partition=task.partition_id,
+            column=column,
+        )
     fix = _fix_for(diag.sqlstate, options, target, task)
     text = "; ".join(parts) + f". Nothing of batch {task.batch_id} is visible. {fix}"
     if isinstance(exc, psycopg.OperationalError) or diag.sqlstate in ("40001", "40P01", "55P03"):
         return TransientError(text, batch=task.batch_id, partition=task.partition_id)
     return WriteError(text, batch=task.batch_id, partition=task.partition_id, column=column)
+
+
+def _changed_types(sqlstate: str | None, options: SinkOptions, target: TargetPlan) -> str:
+    """The server could not read the binary COPY (08P01, 22P03): the planned columns
+    whose type the table no longer has, said in one phrase ('' when none)."""
+    if sqlstate not in ("08P01", "22P03"):
+        return ""
+    from sqlsink.postgres.catalog import table_columns
+
+    try:
+        with connect(options.url, options.password, application_name=appnames.ONE_OFF) as conn:
+            now = {c.name: c for c in table_columns(conn, target.table)}
+    except SqlsinkError:
+        return ""
+    changed = [
+        f"column {c.name!r} of table {target.table} is {now[c.name].type_name} now, "
+        f"{c.type_name} when the query planned"
+        for c in target.columns
+        if c.name in now and now[c.name].type_oid != c.type_oid
+    ]
+    return "; ".join(changed)
 
 
 def _lock_fix(options: SinkOptions, target: TargetPlan, task: TaskIdentity) -> str:

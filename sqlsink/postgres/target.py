@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import sqlalchemy as sa
 
-    from sqlsink.postgres.evolution import ColumnType
+    from sqlsink.postgres.evolution import ColumnType, Evolution
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def plan_target(
     arrow_schema: pa.Schema | None = None,
     column_type: ColumnType | None = None,
     *,
-    before_changes: Callable[[], None] | None = None,
+    before_changes: Callable[[Evolution], None] | None = None,
     replanned: bool = False,
 ) -> TargetPlan:
     """Match the DataFrame's columns to the table's, creating the table if asked and missing.
@@ -62,8 +62,8 @@ def plan_target(
     before anything is written. With ``schemaEvolution`` (``column_type`` gives a DataFrame
     column's type, as createTable would create it) the table is first matched as it will
     be after its changes; when nothing is refused (``before_changes``, the caller's other
-    refusals, raises none either), the changes are made (``evolution.apply_evolution``)
-    and the table planned again, which finds them.
+    refusals, given the changes, raises none either), the changes are made
+    (``evolution.apply_evolution``) and the table planned again, which finds them.
     """
     table = options.table
     columns = table_columns(conn, table)
@@ -113,7 +113,7 @@ def plan_target(
         from sqlsink.postgres.evolution import apply_evolution
 
         if before_changes is not None:
-            before_changes()
+            before_changes(evolution)
         apply_evolution(conn, options, evolution)
         return plan_target(
             conn, options, field_names, None, arrow_schema, column_type, replanned=True

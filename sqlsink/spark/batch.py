@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +23,7 @@ from sqlsink.spark.identity import PROCESS_RUNS, Identity, in_stream
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
+    from sqlsink.postgres.evolution import Evolution
     from sqlsink.spark.plan import CommitterSession
 
 log = logging.getLogger("sqlsink")
@@ -66,6 +68,9 @@ class Batch:
         self.first_options: SinkOptions | None = None
         self.parts = 0
         self.tables: list[str] = []  # the batch's tables, in the order first given
+        # the tables whose rows a part prepared, each with the first such part: their
+        # prepared transactions hold the table until the batch's decision
+        self.holding: dict[str, int] = {}
         self.planned = 0  # partitions of the batch's DataFrames so far: each holds a slot
         # the consistent views the batch's parts name: view -> its table (kept at commit)
         self.views: dict[TableName, TableName] = {}
@@ -159,7 +164,13 @@ class Batch:
         )
         from sqlsink.spark.plan import plan_write
 
-        target = plan_write(options, df.schema, options.sink_id or "")
+        before_changes = None
+        held_by = self.holding.get(str(options.table))
+        if held_by is not None:  # an earlier part's transactions hold the table
+            before_changes = partial(self._refuse_changes, options.table, held_by)
+        target = plan_write(
+            options, df.schema, options.sink_id or "", before_changes=before_changes
+        )
         count = partition_count(df)
         if options.mode is Mode.REPLACE:
             df, count = one_partition(df, count), 1
@@ -177,7 +188,27 @@ class Batch:
         heartbeat.before_job(self, options, writer.sink_id, identity.run_id, identity.query_id)
         written = prepare_part(df, options, target, identity, self.batch_id, part)
         self.outcomes += written
+        if any(o is not None and o.gid is not None and not o.skipped for o in written):
+            self.holding.setdefault(str(options.table), part)
         self.writer.warn_trap(self.batch_id, written)
+
+    def _refuse_changes(self, table: TableName, written_by: int, evolution: Evolution) -> None:
+        """Part ``written_by`` of this batch prepared rows of ``table``: its transactions
+        hold the table until the batch's own decision, so an ALTER of it now would wait
+        for them until its lock wait gives up (and they are not a dead run's)."""
+        changes = [f"add column {name!r}" for name, _ in evolution.additions]
+        changes += [f"widen column {w.column!r} to {w.new_type}" for w in evolution.widenings]
+        raise ConfigError(
+            f"sink {self.writer.sink_id!r}: part {self.parts} of batch {self.batch_id} would "
+            f"alter table {table} ({'; '.join(changes)}: schemaEvolution), but part "
+            f"{written_by} of this batch wrote rows to it: its prepared transactions hold "
+            "the table until the batch's decision, so the ALTER TABLE cannot run now. "
+            "Nothing was changed; nothing of the batch is committed. Fix: give the "
+            "DataFrame with the new columns or types first among the batch's parts "
+            "writing the table",
+            batch=self.batch_id,
+            table=str(table),
+        )
 
     def _add_view(self, options: SinkOptions) -> None:
         """A view names one table, in every part of the batch that gives it."""

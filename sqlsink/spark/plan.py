@@ -5,9 +5,8 @@ foreachBatch writer runs on PySpark versions that lack it (spark/support.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
-from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +17,23 @@ from sqlsink.options import Mode, SchemaEvolution, Semantic, SinkOptions
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
+    from sqlsink.postgres.evolution import Evolution
     from sqlsink.postgres.target import TargetPlan
 
 
 def plan_write(
-    options: SinkOptions, schema: StructType, key: str, sink_id: str | None = None
+    options: SinkOptions,
+    schema: StructType,
+    key: str,
+    sink_id: str | None = None,
+    *,
+    before_changes: Callable[[Evolution], None] | None = None,
 ) -> TargetPlan:
     """Before any data: the server's settings (``key`` names whose warnings these are), the
     commit log, the view's refusals (the target's triggers; an upsert or replace into a
-    table that a view of the sink shows), and the target table matched against ``schema``."""
+    table that a view of the sink shows), and the target table matched against ``schema``.
+    ``before_changes``: the caller's refusal of a schema change (the foreachBatch writer's
+    of a table an earlier part of the batch wrote), after the view's."""
     from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import check_at_start
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
@@ -63,13 +70,15 @@ def plan_write(
         arrow = arrow_schema(schema)
         evolving = options.schema_evolution is not SchemaEvolution.NONE  # its types: lazily
         types = (lambda name: column_type(schema[name].dataType, name)) if evolving else None
-        check_view = (  # a view's refusals come before a schema change too
-            partial(views.check_before_writing, conn, view, options.table, sink_id)
-            if view is not None
-            else None
-        )
+
+        def check_changes(evolution: Evolution) -> None:
+            if view is not None:  # a view's refusals come before a schema change too
+                views.check_before_writing(conn, view, options.table, sink_id)
+            if before_changes is not None:
+                before_changes(evolution)
+
         plan = plan_target(
-            conn, options, schema.fieldNames(), create, arrow, types, before_changes=check_view
+            conn, options, schema.fieldNames(), create, arrow, types, before_changes=check_changes
         )
         if view is not None:  # refusals before any data; the committer creates the view
             views.check_before_writing(conn, view, options.table, sink_id)

@@ -38,7 +38,8 @@ def column_type(data_type: T.DataType, column: str) -> Any:
             return factory()
     if isinstance(data_type, T.DecimalType):
         return sa.Numeric(data_type.precision, data_type.scale)
-    if isinstance(data_type, T.ArrayType):
+    # an array of arrays has none: PostgreSQL's arrays do not nest (int[][] is int[])
+    if isinstance(data_type, T.ArrayType) and not isinstance(data_type.elementType, T.ArrayType):
         return pg.ARRAY(column_type(data_type.elementType, column))
     if isinstance(data_type, (T.StructType, T.MapType)):
         return pg.JSONB()

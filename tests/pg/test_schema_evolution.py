@@ -5,7 +5,6 @@ and the consistent view replaced to show a new column."""
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 import psycopg
@@ -285,8 +284,7 @@ def test_a_views_refusal_comes_before_the_alter(pg_url: str, table: str, sink: s
                     None,
                     arrow_schema(schema),
                     lambda name: column_type(schema[name].dataType, name),
-                    before_changes=partial(
-                        views.check_before_writing,
+                    before_changes=lambda _: views.check_before_writing(
                         conn,  # type: ignore[arg-type]
                         TableName.parse(taken),
                         parsed.table,
