@@ -395,6 +395,9 @@ class ForeachBatchWriter:
             checkpoint = self.checkpoint_location or _running_checkpoint(session, query)
             if run:
                 check_job_group(self.sink_id, batch_id, run, _running_run_id(session, query))
+                from sqlsink.spark.listener import watch_writer  # the run's end (issue 30)
+
+                watch_writer(session, query, run, self)
                 return Identity(query, run, checkpoint, from_spark=True)
             return Identity(query, self.process_run_id(query), checkpoint, from_spark=False)
         from_checkpoint = checkpoint_query_id(self.checkpoint_location)
