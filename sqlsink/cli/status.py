@@ -103,10 +103,14 @@ class StatusScan:
         hidden = self._hidden(sink_id, prepared, bool(views))
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
+        ends = run_registry.run_ends(conn, sink_id)
         found = verdict(
-            runs, run_registry.run_ends(conn, sink_id), prepared_docs, incomplete,
-            len(live_sessions) + len(holders), self.now,
-        )  # fmt: skip
+            runs, ends, prepared_docs, incomplete, len(live_sessions) + len(holders), self.now
+        )
+        if found.in_doubt is not None:  # the sessions again, read after the decisions
+            again = pg_decisions.incomplete_decisions(conn, sink_id)
+            now_connected = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)
+            found = verdict(runs, ends, prepared_docs, again, len(now_connected), self.now)
         if found.in_doubt is not None:
             run = by_run[found.in_doubt["run_id"]]
             self.warnings.append(

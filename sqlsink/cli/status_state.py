@@ -22,9 +22,6 @@ from sqlsink.postgres.survey.decisions import DecisionRow
 # intervals (plus QUIET_SLACK_S); with no interval known yet, for a third of its timeout
 QUIET_INTERVALS = 2.0
 QUIET_SLACK_S = 5.0
-# a decision younger than this may be a commit in progress whose session status has
-# not seen yet (sessions are read once, before the sinks)
-SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -58,14 +55,17 @@ def verdict(
     connected: int,
     now: datetime,
 ) -> Verdict:
-    """``runs`` newest first (``run_registry.runs``); ``connected``: the sink's sessions."""
+    """``runs`` newest first (``run_registry.runs``); ``connected``: the sink's sessions,
+    read after ``incomplete`` (a commit holds its session from before its decision until
+    the batch is complete: a decision not complete with nothing of the sink connected
+    after it was read is no commit in progress)."""
     newest = runs[0] if runs else None
     end = ends.get(newest.run_id) if newest is not None else None
     live = [r for r in runs if r.live]
     doubt = None
-    if live and connected == 0:
-        settled = [d for d in incomplete if (now - d.decided_at).total_seconds() > SETTLE_S]
-        doubt = _in_doubt(live[0], settled, now) if settled else None
+    mine = [d for d in incomplete if live and d.run_id == live[0].run_id]
+    if mine and connected == 0:
+        doubt = _in_doubt(live[0], mine, now)
     if end is not None:
         return Verdict("failed" if end.how == "failed" else "stopped", end_json(end), doubt)
     if live:
