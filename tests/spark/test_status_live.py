@@ -136,8 +136,8 @@ def test_a_query_failing_on_bad_data_is_failed_with_its_error(
     query = ENTRY_POINTS[entry](pg_url, table, sink_id)(
         stream(spark, tmp_path / "src", tmp_path / "chk")
     )
-    query.awaitTermination(180)
-    assert query.exception() is not None
+    with pytest.raises(Exception, match="amount_positive"):  # Spark raises the query's error
+        query.awaitTermination(180)
     sink = wait_for_state(pg_url, sink_id, "failed", STOPPED_WITHIN_S)
     error = sink["ended"]["error"]
     assert "amount_positive" in error and "\n" not in error, error
