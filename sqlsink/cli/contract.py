@@ -318,8 +318,9 @@ class RunEndJson(TypedDict):
 
 class InDoubtJson(TypedDict):
     """A run the registry still holds live (heard from within its timeout) that left
-    batches decided and committed in part with no session of the sink connected: its
-    driver may be gone (killed). What is known, and when it is declared dead."""
+    batches decided, not complete (committed in part or not yet at all) with no session of
+    the sink connected: its driver may be gone (killed). What is known, and when it is
+    declared dead."""
 
     run_id: str
     heard_at: datetime  # last heard from (a task, a commit, a heartbeat)

@@ -107,7 +107,7 @@ def _state_line(doc: StatusSinkJson) -> str | None:
         return (
             f"  state: QUIET, in doubt: run {doubt['run_id']} last heard from "
             f"{format_age(doubt['heard_age_seconds'])} ago, no session of the sink connected, "
-            f"batch(es) {', '.join(map(str, doubt['partial_batches']))} committed in part; "
+            f"batch(es) {', '.join(map(str, doubt['partial_batches']))} decided, not complete; "
             f"declared dead at {format_time(doubt['dead_at'])}"
         )
     if doc["state"] == "quiet":

@@ -100,8 +100,8 @@ def in_doubt_notice(
     waiting = {b: sum(1 for p in prepared if p["batch_id"] == b) for b in batches}
     named = ", ".join(f"batch {b} ({waiting[b]} partition(s) still prepared)" for b in batches)
     message = (
-        f"{named} of sink {sink_id} decided and committed in part, and no session of the "
-        f"sink is connected: run {doubt['run_id']} was last heard from "
+        f"{named} of sink {sink_id} decided, not complete (committed in part, or not yet at "
+        f"all), and no session of the sink is connected: run {doubt['run_id']} was last heard from "
         f"{format_age(doubt['heard_age_seconds'])} ago ({format_time(doubt['heard_at'])}); "
         "its driver may be gone (killed: a killed driver records no end). Until it is "
         "declared dead at "
