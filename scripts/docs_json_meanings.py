@@ -213,6 +213,35 @@ MEANINGS: dict[str, str] = {
         "table (with `--sink-id`, shown as any sink)"
     ),
     "StatusSinkJson.prepared": ("the sink's open prepared transactions in this database"),
+    "StatusSinkJson.state": (
+        "status's verdict on the sink's newest run. `stopped` / `failed`: its driver "
+        "recorded the end when the query stopped or failed (see RUN_END); `live`: a run is "
+        "live and heard from as its batches suggest; `quiet`: a run is live by the registry "
+        "but not heard from for longer than its batches suggest (twice its batch interval "
+        "plus 5 s; a third of its timeout before an interval is known), or it is in doubt "
+        "(see IN_DOUBT); `stranded`: no run is live and prepared transactions are left; "
+        "null: no run known"
+    ),
+    "StatusSinkJson.ended": (
+        "the newest run's end as its driver recorded it; null: not recorded (running, "
+        "killed, Spark Connect, or schema below 10)"
+    ),
+    "StatusSinkJson.in_doubt": (
+        "a run the registry holds live (heard from within its timeout) while batches of it "
+        "are decided and not complete and no session of the sink is connected, read after "
+        "the decisions: its driver may be gone. `status` then warns (exit 1, never all "
+        "well), names the batches, when the run is declared dead, and the `sqlsink recover "
+        "--force --run-id` that finishes them now"
+    ),
+    "RunEndJson.error": (
+        "with `failed`, the error's first line: the last `Name: message` line of the "
+        "Python traceback Spark wraps, else its first line; at most 300 characters, the "
+        "connection's secrets replaced by `***`. Written by the listener sqlsink installs "
+        "on the driver (classic PySpark 3.5 and 4.x, both entry points; not on Spark "
+        "Connect, where a listener runs on the server or the client without the sink's "
+        "options); a killed driver records nothing. A run's liveness (`live`, what "
+        "`recover` acts on) stays the registry's"
+    ),
     "StatusSinkJson.recent_batches": ("newest first, `--batches` of them"),
     "StatusSinkJson.runs": (
         "its live runs, the runs with prepared transactions, and its three newest runs"

@@ -220,6 +220,8 @@ SECTIONS: list[tuple[str, list[type]]] = [
             contract.CheckpointCheckJson,
             contract.ConsistentViewJson,
             contract.HiddenBatchJson,
+            contract.RunEndJson,
+            contract.InDoubtJson,
         ],
     ),
     ("`check`", [contract.CheckDocument, contract.FindingJson]),

@@ -297,6 +297,38 @@ class StatusSinkJson(TypedDict):
     # nothing but its registration: no decision, nothing prepared, no run live, no session
     # (a one-off load that failed before its decision); the report counts it apart
     never_wrote: bool
+    # what status concludes of the sink's newest run, and what it rests on
+    state: SinkState | None  # null: no run known, none live, ended or stranded
+    ended: RunEndJson | None  # the newest run's end, as its driver recorded it
+    in_doubt: InDoubtJson | None  # a live run that may be gone: what is known
+
+
+SinkState = Literal["live", "quiet", "stopped", "failed", "stranded"]
+
+
+class RunEndJson(TypedDict):
+    """How a run ended, recorded by its driver's listener when its query terminated
+    (schema version 10; spark/listener.py)."""
+
+    run_id: str
+    ended_at: datetime
+    how: Literal["stopped", "failed"]
+    error: str | None  # failed: the error's first line (bounded, secrets scrubbed)
+
+
+class InDoubtJson(TypedDict):
+    """A run the registry still holds live (heard from within its timeout) that left
+    batches decided, not complete (committed in part or not yet at all) with no session of
+    the sink connected: its driver may be gone (killed). What is known, and when it is
+    declared dead."""
+
+    run_id: str
+    heard_at: datetime  # last heard from (a task, a commit, a heartbeat)
+    heard_age_seconds: float
+    sessions: int  # sessions of the sink connected: 0
+    partial_batches: list[int]  # decided, not complete: some partitions still prepared
+    dead_at: datetime  # heard_at + its timeout: then recover finishes those batches
+    dead_in_seconds: float
 
 
 class ConsistentViewJson(TypedDict):

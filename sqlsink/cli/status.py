@@ -49,6 +49,7 @@ from sqlsink.cli.status_json import (
     view_json,
 )
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
+from sqlsink.cli.status_state import in_doubt_notice, verdict
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
@@ -102,6 +103,19 @@ class StatusScan:
         hidden = self._hidden(sink_id, prepared, bool(views))
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
+        ends = run_registry.run_ends(conn, sink_id)
+        found = verdict(
+            runs, ends, prepared_docs, incomplete, len(live_sessions) + len(holders), self.now
+        )
+        if found.in_doubt is not None:  # the sessions again, read after the decisions
+            again = pg_decisions.incomplete_decisions(conn, sink_id)
+            now_connected = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)
+            found = verdict(runs, ends, prepared_docs, again, len(now_connected), self.now)
+        if found.in_doubt is not None:
+            run = by_run[found.in_doubt["run_id"]]
+            self.warnings.append(
+                in_doubt_notice(self.out, sink_id, found.in_doubt, run, prepared_docs)
+            )
         never_wrote = not (
             summary.decisions or incomplete or prepared or live_runs or live_sessions
         ) and not (holders or hidden or lost or check)
@@ -127,6 +141,9 @@ class StatusScan:
             "consistent_views": [view_json(v) for v in views],
             "hidden_batches": hidden,
             "never_wrote": never_wrote,
+            "state": found.state,
+            "ended": found.ended,
+            "in_doubt": found.in_doubt,
         }
         evidence = [f"lock held by {s.describe()}" for s in holders]
         evidence += [s.describe() for s in live_sessions if s.pid not in {h.pid for h in holders}]

@@ -74,8 +74,8 @@ def _print_table(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
                 len(d["prepared"]),
                 None if oldest is None else format_age(oldest),
                 " ".join(
-                    (["LIVE"] if d["live"] else [])
-                    + (["STRANDED"] if any(p["stranded"] for p in d["prepared"]) else [])
+                    ([d["state"].upper()] if d["state"] else [])
+                    + (["STRANDED"] if _stranded(d) and d["state"] != "stranded" else [])
                     + (["DATA LOSS"] if sink.lost or _checkpoint_loss(d) else [])
                 ),
             ]
@@ -85,9 +85,34 @@ def _print_table(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
     for sink in sinks:
         d = sink.doc
         shown = bool(d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost)
-        shown = shown or bool(d["hidden_batches"])
+        shown = shown or bool(d["hidden_batches"]) or d["state"] in ("failed", "quiet")
         if detailed or shown or _checkpoint_loss(d):
             _print_sink_status(out, sink)
+
+
+def _stranded(doc: StatusSinkJson) -> bool:
+    return any(p["stranded"] for p in doc["prepared"])
+
+
+def _state_line(doc: StatusSinkJson) -> str | None:
+    """The newest run's end as its driver recorded it, or the run in doubt."""
+    end, doubt = doc["ended"], doc["in_doubt"]
+    if end is not None:
+        error = f": {end['error']}" if end["error"] else ""
+        return (
+            f"  state: {end['how'].upper()} at {format_time(end['ended_at'])} "
+            f"(run {end['run_id']}){error}"
+        )
+    if doubt is not None:
+        return (
+            f"  state: QUIET, in doubt: run {doubt['run_id']} last heard from "
+            f"{format_age(doubt['heard_age_seconds'])} ago, no session of the sink connected, "
+            f"batch(es) {', '.join(map(str, doubt['partial_batches']))} decided, not complete; "
+            f"declared dead at {format_time(doubt['dead_at'])}"
+        )
+    if doc["state"] == "quiet":
+        return "  state: QUIET (not heard from for longer than its batches suggest)"
+    return None
 
 
 def _checkpoint_loss(doc: StatusSinkJson) -> bool:
@@ -102,6 +127,8 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
     out.line(f"sink {doc['sink_id']}  ({f'query {bound}' if bound else 'not bound to a query'})")
     if doc["tables"]:
         out.line(f"  writes: {', '.join(doc['tables'])}")
+    if (state := _state_line(doc)) is not None:
+        out.line(state)
     if sink.live:
         out.line(f"  live: {'; '.join(sink.live)}")
     else:

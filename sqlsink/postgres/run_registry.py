@@ -231,3 +231,64 @@ def fence_runs(conn: Connection, sink_id: str, run_ids: Collection[str]) -> list
             (sink_id, list(run_ids)),
         ).fetchall()
     return sorted(str(r[0]) for r in rows)
+
+
+# -- a run's end, as its driver said it (schema version 10) --------------------------------
+
+END_ERROR_MAX = 300  # characters of the error's first line kept
+END_TIMEOUT = "5s"  # statement_timeout and lock_timeout of the end's statement
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended, as its driver's listener recorded it (spark/listener.py)."""
+
+    run_id: str
+    ended_at: datetime
+    how: str  # 'stopped' or 'failed'
+    error: str | None  # the error's first line (failed), bounded and scrubbed
+
+
+def has_run_ends(conn: Connection) -> bool:
+    """Whether the commit log records runs' ends (version 10)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('sqlsink.runs') "
+        "AND attname = 'ended_at' AND NOT attisdropped)"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def record_end(conn: Connection, sink_id: str, run_id: str, how: str, error: str | None) -> bool:
+    """Record that the run ended (``how``: 'stopped' or 'failed', ``error`` its first line,
+    already scrubbed); the first record stands. One short statement, bounded by
+    ``END_TIMEOUT``; it takes the run's row only (never the sink's, which registration
+    locks first). False when nothing was recorded: no such run (its query stopped before
+    any task registered it), already ended, or the commit log is older than version 10.
+    Informational: a run's liveness (``RUNS_SQL``) does not read it."""
+    if not has_run_ends(conn):
+        return False
+    with conn.transaction():
+        conn.execute("SELECT set_config('statement_timeout', %s, true)", (END_TIMEOUT,))
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (END_TIMEOUT,))
+        row = conn.execute(
+            "UPDATE sqlsink.runs SET ended_at = clock_timestamp(), ended_how = %s, "
+            "ended_error = %s WHERE sink_id = %s AND run_id = %s AND ended_at IS NULL "
+            "RETURNING run_id",
+            (how, None if error is None else error[:END_ERROR_MAX], sink_id, run_id),
+        ).fetchone()
+    return row is not None
+
+
+def run_ends(conn: Connection, sink_id: str) -> dict[str, RunEnd]:
+    """The recorded ends of the sink's runs, by run id ({} before version 10)."""
+    if not has_run_ends(conn):
+        return {}
+    rows = conn.execute(
+        "SELECT run_id, ended_at, ended_how, ended_error FROM sqlsink.runs "
+        "WHERE sink_id = %s AND ended_at IS NOT NULL",
+        (sink_id,),
+    ).fetchall()
+    return {
+        str(r): RunEnd(str(r), at, str(how), None if err is None else str(err))
+        for r, at, how, err in rows
+    }

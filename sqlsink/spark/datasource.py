@@ -571,3 +571,6 @@ def register(spark: Any) -> None:
             sys.executable,
         )
     spark.dataSource.register(SqlsinkDataSource)
+    from sqlsink.spark.listener import install
+
+    install(spark)  # a run's end in the commit log when its query stops (issue 30)

@@ -171,14 +171,20 @@ class ForeachBatchWriter:
         return PROCESS_RUNS.get(self.sink_id, query_id)
 
     def identity(self, session: Any, batch_id: int) -> Identity:
-        """The query, run and checkpoint of this batch; refuses rather than guesses."""
-        return identify(
+        """The query, run and checkpoint of this batch; refuses rather than guesses. A run
+        whose ids Spark gave has its end recorded when its query stops (``listener``)."""
+        identity = identify(
             session,
             batch_id,
             sink_id=self.sink_id,
             query_id=self.query_id,
             checkpoint_location=self.checkpoint_location,
         )
+        if identity.from_spark:
+            from sqlsink.spark.listener import watch_writer
+
+            watch_writer(session, identity.query_id, identity.run_id, self)
+        return identity
 
     def warn_trap(self, batch_id: int, written: Sequence[PartitionOutcome | None]) -> None:
         """The key-order trap, per DataFrame (with order_by_key=False, or a table whose

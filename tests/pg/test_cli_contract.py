@@ -56,6 +56,7 @@ from tests.pg.test_cli import (
 
 SINK = "contract-a"  # decided, undecided and orphan gids; a task connected; its lock held
 LOSSY = "contract-d"  # a decided gid rolled back by someone: data loss
+ENDED = "contract-e"  # its run's end recorded by its driver: failed, with the error
 QUERY = "contract-query"
 DOCUMENTS: dict[str, type[Any]] = {
     "recover": RecoverDocument,
@@ -74,7 +75,7 @@ STATUS_TYPES = {
     contract.OtherPreparedJson, contract.SessionJson, contract.DataLossJson, contract.NoticeJson,
     contract.RunJson, contract.CheckpointCheckJson, contract.ConsistentViewJson,
     contract.HiddenBatchJson, contract.LastBatchJson, contract.BatchFiguresJson,
-    contract.PartitionWriteJson,
+    contract.PartitionWriteJson, contract.RunEndJson, contract.InDoubtJson,
 }  # fmt: skip
 CHECK_TYPES = {CheckDocument, contract.FindingJson}
 FORGET_TYPES = {ForgetDocument}
@@ -278,6 +279,9 @@ def test_recover_documents_follow_the_contract(db: Db, tmp_path: Path) -> None:
 
 def test_status_documents_follow_the_contract(db: Db) -> None:
     leftovers(db)
+    with db.connect() as conn:
+        run_registry.register_run(conn, ENDED, RUN, 300.0, holds_lock=False)
+        assert run_registry.record_end(conn, ENDED, RUN, "failed", "ValueError: bad row")
     shape = Shape()
     with sink_is_live(db):
         result = sqlsink("status", "--url", db.url, "--max-age", "0s", "--json")
@@ -297,6 +301,14 @@ def test_status_documents_follow_the_contract(db: Db) -> None:
         assert doc["other_prepared"] and doc["data_loss"] and doc["warnings"]
         one = sqlsink("status", "--url", db.url, "--sink-id", SINK, "--batches", "1", "--json")
         assert len(shape.document(one, "status")["sinks"]) == 1
+        assert sink["state"] == "live" and sink["in_doubt"] is None  # its task is connected
+        ended = next(s for s in doc["sinks"] if s["sink_id"] == ENDED)
+        assert ended["state"] == "failed" and ended["ended"]["error"] == "ValueError: bad row"
+    # nothing of SINK connected now, batch 4 committed in part: its driver may be gone
+    doubt = sqlsink("status", "--url", db.url, "--sink-id", SINK, "--json")
+    assert doubt.code == 1, doubt.err  # never "all well"
+    [sink] = shape.document(doubt, "status")["sinks"]
+    assert sink["state"] == "quiet" and sink["in_doubt"]["partial_batches"] == [4]
     assert shape.seen >= STATUS_TYPES
 
 

@@ -1,0 +1,118 @@
+"""``sqlsink status``'s verdict on a sink's newest run (issue 30): STOPPED or FAILED as
+its driver recorded it, LIVE, QUIET, STRANDED; and, for a run the registry still holds
+live while nothing of it is connected and a batch of it is committed in part (a killed
+driver says nothing), what is known and when it is declared dead.
+
+The registry's judgement of liveness (``run_registry.RUNS_SQL``) is not changed here:
+``live`` in the JSON stays the registry's, which ``recover`` acts on; ``state`` adds what
+status concludes from the recorded end and the evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlsink.cli.contract import InDoubtJson, PreparedJson, RunEndJson, SinkState
+from sqlsink.cli.output import Notice, Output, format_age, format_time
+from sqlsink.cli.runs import timeout_text
+from sqlsink.postgres.run_registry import RunEnd, RunInfo
+from sqlsink.postgres.survey.decisions import DecisionRow
+
+# a live run is QUIET when not heard from for longer than this many of its batch
+# intervals (plus QUIET_SLACK_S); with no interval known yet, for a third of its timeout
+QUIET_INTERVALS = 2.0
+QUIET_SLACK_S = 5.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: SinkState | None
+    ended: RunEndJson | None
+    in_doubt: InDoubtJson | None
+
+
+def end_json(end: RunEnd) -> RunEndJson:
+    return {
+        "run_id": end.run_id,
+        "ended_at": end.ended_at,
+        "how": "failed" if end.how == "failed" else "stopped",
+        "error": end.error,
+    }
+
+
+def quiet_after(run: RunInfo) -> float:
+    """How long a live run may be unheard from before status calls it QUIET."""
+    if run.batch_interval_s is not None:
+        return QUIET_INTERVALS * run.batch_interval_s + QUIET_SLACK_S
+    return run.timeout_s / 3
+
+
+def verdict(
+    runs: list[RunInfo],
+    ends: dict[str, RunEnd],
+    prepared: list[PreparedJson],
+    incomplete: list[DecisionRow],
+    connected: int,
+    now: datetime,
+) -> Verdict:
+    """``runs`` newest first (``run_registry.runs``); ``connected``: the sink's sessions,
+    read after ``incomplete`` (a commit holds its session from before its decision until
+    the batch is complete: a decision not complete with nothing of the sink connected
+    after it was read is no commit in progress)."""
+    newest = runs[0] if runs else None
+    end = ends.get(newest.run_id) if newest is not None else None
+    live = [r for r in runs if r.live]
+    doubt = None
+    mine = [d for d in incomplete if live and d.run_id == live[0].run_id]
+    if mine and connected == 0:
+        doubt = _in_doubt(live[0], mine, now)
+    if end is not None:
+        return Verdict("failed" if end.how == "failed" else "stopped", end_json(end), doubt)
+    if live:
+        run = live[0]
+        quiet = doubt is not None or run.heartbeat_age_s > quiet_after(run)
+        return Verdict("quiet" if quiet else "live", None, doubt)
+    if any(p["stranded"] for p in prepared):
+        return Verdict("stranded", None, None)
+    return Verdict(None, None, None)
+
+
+def _in_doubt(run: RunInfo, partial: list[DecisionRow], now: datetime) -> InDoubtJson:
+    dead_at = run.heartbeat_at + timedelta(seconds=run.timeout_s)
+    return {
+        "run_id": run.run_id,
+        "heard_at": run.heartbeat_at,
+        "heard_age_seconds": round(run.heartbeat_age_s, 3),
+        "sessions": 0,
+        "partial_batches": sorted(d.batch_id for d in partial),
+        "dead_at": dead_at,
+        "dead_in_seconds": round(max(0.0, (dead_at - now).total_seconds()), 3),
+    }
+
+
+def in_doubt_notice(
+    out: Output, sink_id: str, doubt: InDoubtJson, run: RunInfo, prepared: list[PreparedJson]
+) -> Notice:
+    """The warning for a run in doubt: never "all well" while a batch is committed in part
+    and nothing of its run is connected (a run that recorded its end, too: the registry
+    holds it live until its timeout, and recover waits for that)."""
+    batches = doubt["partial_batches"]
+    waiting = {b: sum(1 for p in prepared if p["batch_id"] == b) for b in batches}
+    named = ", ".join(f"batch {b} ({waiting[b]} partition(s) still prepared)" for b in batches)
+    message = (
+        f"{named} of sink {sink_id} decided, not complete (committed in part, or not yet at "
+        f"all), and no session of the sink is connected: run {doubt['run_id']} was last heard from "
+        f"{format_age(doubt['heard_age_seconds'])} ago ({format_time(doubt['heard_at'])}); "
+        "its driver may be gone (killed: a killed driver records no end). Until it is "
+        "declared dead at "
+        f"{format_time(doubt['dead_at'])} (in {format_age(doubt['dead_in_seconds'])}; "
+        f"timeout {timeout_text(run)}) nothing but its own next commit finishes the batch"
+    )
+    url = out.paste_url
+    fix = (
+        f"if the driver is gone: sqlsink recover --url {url} --sink-id {sink_id} --force "
+        f"--run-id {doubt['run_id']} (finishes it now); otherwise its restart or sqlsink "
+        f"recover --url {url} --sink-id {sink_id} after {format_time(doubt['dead_at'])} "
+        f"does{out.paste_note}"
+    )
+    return Notice("warning", message, fix, sink_id)
