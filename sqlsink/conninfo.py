@@ -15,6 +15,32 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sqlsink.errors import ConfigError
 
+# the schemes of a URL that names a PostgreSQL server (libpq's; jdbc:postgresql: as Spark's
+# JDBC options write it); a key=value string has none
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+# databases the sink's protocol is planned for but not built: refused by name
+NOT_YET = {"mysql": "MySQL", "mariadb": "MariaDB"}
+
+
+def scheme_problem(url: str) -> str | None:
+    """Why the sink cannot write to the database ``url`` names, by its scheme alone (no
+    server, no parse of the rest): None for a PostgreSQL URL or a key=value string."""
+    match = re.match(r"\s*(?:jdbc:)?([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    if match is None or match.group(1).lower() in POSTGRES_SCHEMES:
+        return None
+    scheme = match.group(1).lower()
+    accepted = (
+        "postgresql://, postgres://, jdbc:postgresql:// or a libpq key=value string "
+        "('host=... dbname=...')"
+    )
+    if scheme in NOT_YET:
+        return (
+            f"url {shown(url)!r} names a {NOT_YET[scheme]} server: sqlsink writes to "
+            f"PostgreSQL only (its XA backend for MariaDB and MySQL is not built yet); give "
+            f"a PostgreSQL server's URL: {accepted}"
+        )
+    return f"url {shown(url)!r}: {scheme}:// is not a database sqlsink writes to; give {accepted}"
+
 
 def params_of(url: str) -> dict[str, Any]:
     """The connection string's parameters; a ConfigError (quoting no secret) if unreadable."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
-from sqlsink.conninfo import with_params
+from sqlsink.conninfo import scheme_problem, with_params
 from sqlsink.core.checkpoint_check import CheckpointMode
 from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S
 from sqlsink.core.gid import check_sink_id
@@ -194,6 +194,8 @@ def _check_names(opts: Mapping[str, str]) -> None:
     """Refuse unknown options and missing required ones, all of them in one message."""
     problems = [f"unknown option {k!r}" for k in opts if k not in KNOWN and k not in SPARK_OWNED]
     problems += [f"option {KNOWN[k]} is required" for k in ("url", "table") if not opts.get(k)]
+    wrong_database = scheme_problem(opts["url"]) if opts.get("url") else None
+    problems += [f"option url: {wrong_database}"] if wrong_database else []
     if problems:
         known = ", ".join(sorted(KNOWN.values()))
         raise ConfigError(f"sqlsink options: {'; '.join(problems)} (known options: {known})")

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from sqlsink.conninfo import params_of, redact, shown
+from sqlsink.conninfo import params_of, redact, scheme_problem, shown
 from sqlsink.credentials import PasswordSource, known_passwords
 from sqlsink.errors import ConfigError, TransientError
 
@@ -96,6 +96,9 @@ def connect(url: str, password: Password = None, *, application_name: str) -> Co
     """
     from sqlsink.postgres import pooler
 
+    wrong_database = scheme_problem(url)
+    if wrong_database is not None:  # before libpq reads it as a malformed postgresql URI
+        raise ConfigError(wrong_database)
     source = password if isinstance(password, PasswordSource) else None
     fixed = None if isinstance(password, PasswordSource) else password
     for attempt in (1, 2):
