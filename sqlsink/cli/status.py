@@ -104,9 +104,11 @@ class StatusScan:
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
         ends = run_registry.run_ends(conn, sink_id)
-        found = verdict(
-            runs, ends, prepared_docs, incomplete, len(live_sessions) + len(holders), self.now
-        )
+        connected = len(live_sessions) + len(holders)
+        if incomplete and connected:  # self.sessions predates the decisions: read again
+            fresh = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)
+            connected = len(fresh) + len(holders)
+        found = verdict(runs, ends, prepared_docs, incomplete, connected, self.now)
         if found.in_doubt is not None:  # the sessions again, read after the decisions
             again = pg_decisions.incomplete_decisions(conn, sink_id)
             now_connected = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)

@@ -55,13 +55,15 @@ class SinkListener(StreamingQueryListener):
     def __init__(self, session: Any) -> None:
         self._session = session
         self._lock = threading.Lock()
-        self._watched: dict[str, dict[str, SinkOptions]] = {}  # query id -> sink id -> options
-        self._queries: dict[str, Any] = {}  # query id -> its StreamingQuery, while it runs
+        # (query id, run id) -> sink id -> options: by run, for a query restarted in this
+        # process watches its new run before its old run's end comes off the listener bus
+        self._watched: dict[tuple[str, str], dict[str, SinkOptions]] = {}
+        self._queries: dict[tuple[str, str], Any] = {}  # its StreamingQuery, while it runs
 
-    def watch(self, query_id: str, sink_id: str, options: SinkOptions) -> None:
-        """The foreachBatch writer writes ``sink_id`` in this query."""
+    def watch(self, query_id: str, run_id: str, sink_id: str, options: SinkOptions) -> None:
+        """The foreachBatch writer writes ``sink_id`` in this run of the query."""
         with self._lock:
-            self._watched.setdefault(query_id, {})[sink_id] = options
+            self._watched.setdefault((query_id, run_id), {})[sink_id] = options
 
     def onQueryStarted(self, event: Any) -> None:
         # kept to read a format("sqlsink") query's options at its end (the manager drops
@@ -73,7 +75,7 @@ class SinkListener(StreamingQueryListener):
             return
         if query is not None:
             with self._lock:
-                self._queries[str(event.id)] = query
+                self._queries[(str(event.id), str(event.runId))] = query
 
     def onQueryProgress(self, event: Any) -> None:
         pass
@@ -84,8 +86,8 @@ class SinkListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:
         query_id, run_id = str(event.id), str(event.runId)
         with self._lock:
-            sinks = dict(self._watched.pop(query_id, {}))
-            query = self._queries.pop(query_id, None)
+            sinks = dict(self._watched.pop((query_id, run_id), {}))
+            query = self._queries.pop((query_id, run_id), None)
         if query is not None:
             sinks.update(data_source_sink(query, query_id))
         error = getattr(event, "exception", None)
@@ -133,7 +135,7 @@ def watch_writer(session: Any, query_id: str, run_id: str, writer: Any) -> None:
                 listener = install(candidate)
                 if listener is not None:
                     # the connection's options: any table will do
-                    listener.watch(query_id, sink_id, writer.sink_options("public.t"))
+                    listener.watch(query_id, run_id, sink_id, writer.sink_options("public.t"))
                 break
     except Exception as exc:
         log.warning("sqlsink %s: its query's end will not be recorded: %s", sink_id, exc)
