@@ -49,7 +49,7 @@ from sqlsink.cli.status_json import (
     view_json,
 )
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
-from sqlsink.cli.status_state import in_doubt_notice, verdict
+from sqlsink.cli.status_state import failed_notice, in_doubt_notice, verdict
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
@@ -118,6 +118,8 @@ class StatusScan:
             self.warnings.append(
                 in_doubt_notice(self.out, sink_id, found.in_doubt, run, prepared_docs)
             )
+        if found.state == "failed" and found.ended is not None:  # not all well
+            self.warnings.append(failed_notice(self.out, sink_id, found.ended))
         never_wrote = not (
             summary.decisions or incomplete or prepared or live_runs or live_sessions
         ) and not (holders or hidden or lost or check)

@@ -90,6 +90,23 @@ def _in_doubt(run: RunInfo, partial: list[DecisionRow], now: datetime) -> InDoub
     }
 
 
+def failed_notice(out: Output, sink_id: str, end: RunEndJson) -> Notice:
+    """The warning for a sink whose newest run failed: its query is not running, so the
+    report is not "all well" (exit 1) until it runs again or the sink is forgotten."""
+    error = f": {end['error']}" if end["error"] else " (no error recorded)"
+    message = (
+        f"the newest run {end['run_id']} of sink {sink_id} failed at "
+        f"{format_time(end['ended_at'])}{error}; nothing of the sink is written until its "
+        "query runs again"
+    )
+    fix = (
+        "fix what the error says and restart the query (its checkpoint resumes it exactly "
+        f"once); a query retired for good: sqlsink forget --url {out.paste_url} --sink-id "
+        f"{sink_id}{out.paste_note}"
+    )
+    return Notice("warning", message, fix, sink_id)
+
+
 def in_doubt_notice(
     out: Output, sink_id: str, doubt: InDoubtJson, run: RunInfo, prepared: list[PreparedJson]
 ) -> Notice:

@@ -90,11 +90,6 @@ def status_of(url: str) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reported, not fixed (a change of exit codes is the owner's call): a sink whose "
-    "query FAILED is shown FAILED and status ends 'exit 0: all well'",
-)
 def test_a_failed_query_is_not_all_well(pg_url: str, table: str) -> None:
     make_table(pg_url, table)
     sink = new_sink()

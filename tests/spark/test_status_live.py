@@ -141,8 +141,9 @@ def test_a_query_failing_on_bad_data_is_failed_with_its_error(
     sink = wait_for_state(pg_url, sink_id, "failed", STOPPED_WITHIN_S)
     error = sink["ended"]["error"]
     assert "amount_positive" in error and "\n" not in error, error
-    _, _, human = status(pg_url, sink_id)
+    code, _, human = status(pg_url, sink_id)
     assert "FAILED at" in human and error in human, human
+    assert code == 1 and "all well" not in human, human  # a failed query is not all well
 
 
 def test_a_driver_killed_mid_commit_is_not_all_well_data_source(
