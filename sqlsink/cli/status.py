@@ -116,7 +116,7 @@ class StatusScan:
         if found.in_doubt is not None:
             run = by_run[found.in_doubt["run_id"]]
             self.warnings.append(
-                in_doubt_notice(self.out, sink_id, found.in_doubt, run, prepared_docs)
+                in_doubt_notice(self.out, sink_id, found.in_doubt, run, prepared_docs, found.ended)
             )
         if found.state == "failed" and found.ended is not None:  # not all well
             self.warnings.append(failed_notice(self.out, sink_id, found.ended))

@@ -90,6 +90,10 @@ def _in_doubt(run: RunInfo, partial: list[DecisionRow], now: datetime) -> InDoub
     }
 
 
+def end_word(end: RunEndJson) -> str:
+    return "failed" if end["how"] == "failed" else "stopped"
+
+
 def failed_notice(out: Output, sink_id: str, end: RunEndJson) -> Notice:
     """The warning for a sink whose newest run failed: its query is not running, so the
     report is not "all well" (exit 1) until it runs again or the sink is forgotten."""
@@ -108,11 +112,17 @@ def failed_notice(out: Output, sink_id: str, end: RunEndJson) -> Notice:
 
 
 def in_doubt_notice(
-    out: Output, sink_id: str, doubt: InDoubtJson, run: RunInfo, prepared: list[PreparedJson]
+    out: Output,
+    sink_id: str,
+    doubt: InDoubtJson,
+    run: RunInfo,
+    prepared: list[PreparedJson],
+    ended: RunEndJson | None = None,
 ) -> Notice:
     """The warning for a run in doubt: never "all well" while a batch is committed in part
     and nothing of its run is connected (a run that recorded its end, too: the registry
     holds it live until its timeout, and recover waits for that)."""
+    over = ended is not None and ended["run_id"] == doubt["run_id"]  # its query has ended
     batches = doubt["partial_batches"]
     waiting = {b: sum(1 for p in prepared if p["batch_id"] == b) for b in batches}
     named = ", ".join(f"batch {b} ({waiting[b]} partition(s) still prepared)" for b in batches)
@@ -120,14 +130,22 @@ def in_doubt_notice(
         f"{named} of sink {sink_id} decided, not complete (committed in part, or not yet at "
         f"all), and no session of the sink is connected: run {doubt['run_id']} was last heard from "
         f"{format_age(doubt['heard_age_seconds'])} ago ({format_time(doubt['heard_at'])}); "
-        "its driver may be gone (killed: a killed driver records no end). Until it is "
-        "declared dead at "
+        + (
+            f"its driver recorded that its query {end_word(ended)} at "
+            f"{format_time(ended['ended_at'])}, leaving the batch. Until the run is "
+            if over and ended is not None
+            else "its driver may be gone (killed: a killed driver records no end). Until it is "
+        )
+        + "declared dead at "
         f"{format_time(doubt['dead_at'])} (in {format_age(doubt['dead_in_seconds'])}; "
-        f"timeout {timeout_text(run)}) nothing but its own next commit finishes the batch"
+        f"timeout {timeout_text(run)}) nothing but "
+        + ("the query's restart" if over else "its own next commit")
+        + " finishes the batch"
     )
     url = out.paste_url
     fix = (
-        f"if the driver is gone: sqlsink recover --url {url} --sink-id {sink_id} --force "
+        ("the query is not running: " if over else "if the driver is gone: ")
+        + f"sqlsink recover --url {url} --sink-id {sink_id} --force "
         f"--run-id {doubt['run_id']} (finishes it now); otherwise its restart or sqlsink "
         f"recover --url {url} --sink-id {sink_id} after {format_time(doubt['dead_at'])} "
         f"does{out.paste_note}"

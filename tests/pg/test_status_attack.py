@@ -128,3 +128,32 @@ def test_a_stopped_runs_prepared_leftover_is_not_all_well(
     finally:
         rollback_all_prepared(pg_server)
         forget_sink(pg_url, sink)
+
+
+def test_a_stopped_run_in_doubt_is_not_called_killed(
+    pg_url: str, pg_server: PgServer, table: str, tmp_path: Path
+) -> None:
+    """A run whose driver recorded that its query stopped, leaving a batch committed in
+    part: the warning says so, and that the query's restart or recover finishes the batch,
+    not that its driver may have been killed (which would contradict the recorded end)."""
+    make_table(pg_url, table)
+    sink = new_sink()
+    writer = Writer(pg_url, table, sink, str(uuid.uuid4()))
+    try:
+        writer.batch(0, range(3))
+        committed_in_part(writer, 1, tmp_path / "faults.json")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            run_registry.record_end(conn, sink, writer.run, "stopped", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "sqlsink", "status", "--url", pg_url, "--sink-id", sink],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        code, human = done.returncode, done.stdout + done.stderr
+        assert code == 1 and "all well" not in human, human
+        assert "recorded that its query stopped" in human, human
+        assert "killed" not in human and "the query is not running:" in human, human
+    finally:
+        rollback_all_prepared(pg_server)
+        forget_sink(pg_url, sink)
