@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -92,14 +92,16 @@ def parse_duration(name: str, text: str) -> float:
 
 
 _E = TypeVar("_E", bound=enum.Enum)
+_T = TypeVar("_T")
 
 
-def _choice(name: str, text: str, kind: type[_E]) -> _E:
+def _choice(name: str, text: str, kind: type[_E], offered: Collection[_E] | None = None) -> _E:
+    """The member whose value ``text`` is; an error offers ``offered`` (default: all)."""
     value = text.strip().lower()
     for member in kind:
         if member.value == value:
             return member
-    choices = ", ".join(str(m.value) for m in kind)
+    choices = ", ".join(str(m.value) for m in kind if offered is None or m in offered)
     raise ConfigError(f"option {name}: unknown value {value!r} (choose one of {choices})")
 
 
@@ -145,45 +147,93 @@ class SinkOptions:
     schema_evolution: SchemaEvolution = SchemaEvolution.NONE
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+    def parse(
+        cls, options: Mapping[str, str], modes: tuple[Mode, ...] = tuple(Mode)
+    ) -> SinkOptions:
+        """Every option checked, and every problem said in one ConfigError. ``modes``: the
+        modes the entry point writes, the only ones a mode error offers."""
         opts = {k.lower(): v for k, v in options.items()}
-        _check_names(opts)
-        try:
-            table = TableName.parse(opts["table"])
-        except ValueError as exc:
-            raise ConfigError(f"option table: {exc}") from None
-        semantic = _choice("semantic", opts.get("semantic", "exactly_once"), Semantic)
-        mode = _choice("mode", opts.get("mode", "append"), Mode)
-        keys, delete_column = _upsert_columns(opts, mode)
+        _check_names(opts)  # unknown and missing options: nothing else is read then
+        problems: list[str] = []
+
+        def take(read: Callable[[], _T], default: _T) -> _T:
+            try:
+                return read()
+            except ConfigError as exc:
+                problems.append(str(exc))
+                return default
+
+        def table_of() -> TableName:
+            try:
+                return TableName.parse(opts["table"])
+            except ValueError as exc:
+                raise ConfigError(f"option table: {exc}") from None
+
+        table = take(table_of, None)
+        semantic = take(
+            lambda: _choice("semantic", opts.get("semantic", "exactly_once"), Semantic), None
+        )
+        mode = take(lambda: _choice("mode", opts.get("mode", "append"), Mode, modes), None)
+        no_keys: tuple[tuple[str, ...], str | None] = ((), None)
+        keys, delete_column = take(lambda: _upsert_columns(opts, mode or Mode.APPEND), no_keys)
         sink_id = opts.get("sinkid")
-        timeouts = _timeouts(opts)
-        view = _consistent_view(opts.get("consistentview", ""), table, semantic, mode)
+        password = take(lambda: _password(opts), None)
+        valid_sink_id = take(lambda: check_sink_id(sink_id), None) if sink_id else None
+        create_table = take(
+            lambda: _parse_bool("createTable", opts.get("createtable", "false")), False
+        )
+        lock_timeout_s = take(
+            lambda: parse_duration("lockTimeout", opts.get("locktimeout", "60s")), 60.0
+        )
+        run_timeout_s = take(
+            lambda: parse_duration("runTimeout", opts.get("runtimeout", "5min")), 300.0
+        )
+        keep_batches = take(
+            lambda: _parse_count("keepBatches", opts.get("keepbatches", "1000")), 1000
+        )
+        max_partitions = (
+            take(lambda: _parse_count("maxPartitions", opts["maxpartitions"]), None)
+            if opts.get("maxpartitions")
+            else None
+        )
+        checkpoint_check = take(
+            lambda: _choice("checkpointCheck", opts.get("checkpointcheck", "warn"), CheckpointMode),
+            CheckpointMode.WARN,
+        )
+        timeouts = take(lambda: _timeouts(opts), TimeoutPolicy())
+        schema_evolution = take(
+            lambda: _schema_evolution(opts.get("schemaevolution", "none")),
+            SchemaEvolution.NONE,
+        )
+        view = None
+        if table is not None and semantic is not None and mode is not None:
+            view = take(
+                lambda: _consistent_view(opts.get("consistentview", ""), table, semantic, mode),
+                None,
+            )
         tls = {k: opts[k] for k in TLS_PARAMS if opts.get(k)}
+        url = take(lambda: with_params(opts["url"], tls), opts["url"])
+        if problems or table is None or semantic is None or mode is None:
+            raise ConfigError(f"sqlsink options: {'; '.join(problems)}")
         return cls(
-            url=with_params(opts["url"], tls),
+            url=url,
             table=table,
-            password=_password(opts),
-            sink_id=check_sink_id(sink_id) if sink_id else None,
             semantic=semantic,
-            create_table=_parse_bool("createTable", opts.get("createtable", "false")),
-            lock_timeout_s=parse_duration("lockTimeout", opts.get("locktimeout", "60s")),
-            run_timeout_s=parse_duration("runTimeout", opts.get("runtimeout", "5min")),
-            keep_batches=_parse_count("keepBatches", opts.get("keepbatches", "1000")),
-            max_partitions=(
-                _parse_count("maxPartitions", opts["maxpartitions"])
-                if opts.get("maxpartitions")
-                else None
-            ),
             checkpoint=opts.get("checkpointlocation"),
-            checkpoint_check=_choice(
-                "checkpointCheck", opts.get("checkpointcheck", "warn"), CheckpointMode
-            ),
             mode=mode,
             key_columns=keys,
             delete_column=delete_column,
-            timeouts=timeouts,
             consistent_view=view,
-            schema_evolution=_schema_evolution(opts.get("schemaevolution", "none")),
+            password=password,
+            sink_id=valid_sink_id,
+            create_table=create_table,
+            lock_timeout_s=lock_timeout_s,
+            run_timeout_s=run_timeout_s,
+            keep_batches=keep_batches,
+            max_partitions=max_partitions,
+            checkpoint_check=checkpoint_check,
+            timeouts=timeouts,
+            schema_evolution=schema_evolution,
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger

@@ -108,7 +108,7 @@ class SqlsinkDataSource(DataSource):
 def _parse(given: dict[str, str]) -> SinkOptions:
     from sqlsink.options import Mode, SinkOptions
 
-    options = SinkOptions.parse(given)
+    options = SinkOptions.parse(given, modes=(Mode.APPEND, Mode.UPSERT))
     if options.mode is Mode.REPLACE:
         raise ConfigError(
             "mode=replace is the foreachBatch writer's (complete output mode: one partition "

@@ -114,5 +114,47 @@ def test_schema_evolution_is_checked_and_case_insensitive() -> None:
     with pytest.raises(ConfigError) as caught:
         SinkOptions.parse({"url": "postgresql://x/y", "table": "t", "schemaEvolution": "drop"})
     assert str(caught.value) == (
-        "option schemaEvolution: unknown value 'drop' (choose one of none, addColumns, widen)"
+        "sqlsink options: option schemaEvolution: unknown value 'drop' (choose one of none, "
+        "addColumns, widen)"
     )
+
+
+def test_every_option_problem_is_in_one_message() -> None:
+    """The README's promise: not the first problem, then the next at the next start."""
+    with pytest.raises(ConfigError) as caught:
+        SinkOptions.parse(
+            {
+                "url": "postgresql://x/y",
+                "table": "t",
+                "lockTimeout": "soon",
+                "mode": "merge",
+                "keepBatches": "0",
+                "createTable": "maybe",
+                "schemaEvolution": "drop",
+                "semantic": "twice",
+            }
+        )
+    text = str(caught.value)
+    for said in (
+        "option lockTimeout: 'soon' is not a duration",
+        "option mode: unknown value 'merge'",
+        "option keepBatches: '0' is not a whole number",
+        "option createTable: 'maybe' is not true or false",
+        "option schemaEvolution: unknown value 'drop'",
+        "option semantic: unknown value 'twice'",
+    ):
+        assert said in text, text
+
+
+def test_a_mode_error_offers_only_the_modes_of_the_entry_point() -> None:
+    from sqlsink.options import Mode
+
+    with pytest.raises(ConfigError) as caught:
+        SinkOptions.parse(
+            {"url": "postgresql://x/y", "table": "t", "mode": "merge"},
+            modes=(Mode.APPEND, Mode.UPSERT),
+        )
+    assert "(choose one of append, upsert)" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        SinkOptions.parse({"url": "postgresql://x/y", "table": "t", "mode": "merge"})
+    assert "(choose one of append, upsert, replace)" in str(caught.value)
