@@ -36,12 +36,16 @@ def plan_write(
     of a table an earlier part of the batch wrote), after the view's."""
     from sqlsink.postgres import appnames
     from sqlsink.postgres.checks import check_at_start
+    from sqlsink.postgres.planning_errors import in_sinks_words
     from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
     from sqlsink.postgres.sessions import session
     from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import arrow_schema, column_type, table_columns
 
-    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
+    with (
+        session(options.url, options.password, application_name=appnames.PLANNER) as conn,
+        in_sinks_words(conn, options.url, options.table, options.create_table),
+    ):
         # server settings: an error stops here, before any data; warnings are logged once
         # per worker and again only when the verdict changes
         check_at_start(

@@ -1,0 +1,95 @@
+"""The first errors of planning, in the sink's words (what the first-contact trial met
+as raw driver classes): a read-only server, ``createTable`` into a schema that does not
+exist, ``createTable`` without the right to create. Each is a ConfigError naming what is
+wrong and the fix, raised by the planner before anything is written."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from sqlsink.errors import ConfigError
+from sqlsink.options import SinkOptions
+from sqlsink.spark.plan import plan_write
+from tests.fix_pg import PgServer
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("payload", StringType())])
+
+
+def as_role(url: str, role: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+@pytest.fixture
+def role(pg_server: PgServer) -> Iterator[str]:
+    """A login role that may use the sink's commit log but creates nothing else (since
+    PostgreSQL 15, PUBLIC has no CREATE on schema public: nothing to revoke)."""
+    name = f"planner_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA sqlsink TO {}").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("GRANT ALL ON ALL TABLES IN SCHEMA sqlsink TO {}").format(sql.Identifier(name))
+        )
+    yield name
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def plan(url: str, table: str, **more: str) -> None:
+    options = SinkOptions.parse({"url": url, "table": table, "sinkId": "plan-errors", **more})
+    plan_write(options, SCHEMA, "test")
+
+
+def ensure_log(url: str) -> None:
+    from sqlsink.postgres.schema import ensure_schema
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        ensure_schema(conn)  # type: ignore[arg-type]
+
+
+def test_create_table_in_a_schema_that_does_not_exist(pg_url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan(pg_url, "nosuch_schema.events", createTable="true")
+    text = str(refused.value)
+    assert text.startswith("schema nosuch_schema of table nosuch_schema.events does not exist")
+    assert 'CREATE SCHEMA "nosuch_schema"' in text
+
+
+def test_create_table_without_the_right_to_create(
+    pg_url: str, pg_server: PgServer, role: str
+) -> None:
+    ensure_log(pg_url)
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ConfigError) as refused:
+        plan(as_role(pg_url, role), table, createTable="true")
+    text = str(refused.value)
+    assert f"role {role} may not create table public.{table}" in text, text
+    assert f'GRANT CREATE ON SCHEMA "public" TO "{role}"' in text, text
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"public.{table}",)).fetchone() == (None,)
+
+
+def test_a_read_only_server(pg_url: str, role: str, table: str) -> None:
+    ensure_log(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(
+                sql.Identifier(role)
+            )
+        )
+        conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+    with pytest.raises(ConfigError) as refused:
+        plan(as_role(pg_url, role), table, createTable="true")
+    text = str(refused.value)
+    assert "is read-only" in text and "primary" in text, text
+    assert "target_session_attrs=read-write" in text, text
