@@ -56,7 +56,7 @@ from sqlsink.cli.recover_report import (
     unknown_sink_warning,
 )
 from sqlsink.core.gid import Gid
-from sqlsink.core.recovery import Done
+from sqlsink.core.recovery import Done, Fenced
 from sqlsink.core.recovery import Recovery as SinkProcedure
 from sqlsink.core.resolution import Action, Scope, Why
 from sqlsink.postgres import run_registry
@@ -160,14 +160,11 @@ class Recovery:
         if self.run_ids and not self.dry_run:
             # --force first: the named runs' lock holders are then provably fenced, so
             # the decision's take of the lock ends them instead of waiting for them
-            fenced = SinkProcedure(self.backend, self.sink_id).fence(self.run_ids)
+            fenced = self._declare_dead(
+                SinkProcedure(self.backend, self.sink_id), self.sink_id, self.run_ids
+            )
             self.fenced = list(fenced.runs)
             self.ended += [pid for pid in fenced.ended if pid not in self.ended]
-            if self.fenced:
-                self.out.note(
-                    f"sqlsink recover: sink {self.sink_id}: declared run(s) "
-                    f"{', '.join(self.fenced)} dead (fenced)"
-                )
         row = self.bound.get(self.sink_id)
         query = row.query_id if row else None
         if query is None and self.checkpoint is not None:  # not bound yet (a load is refused)
@@ -267,14 +264,19 @@ class Recovery:
     def _fence(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
         """--force: declare the named runs dead in the commit log, then end the sessions
         provably theirs (those that hold the sink's lock, as the run recorded them)."""
-        fenced = recovery.fence(sink.named)
+        fenced = self._declare_dead(recovery, sink.sink_id, sink.named)
         sink.fenced = list(fenced.runs)
         sink.ended += [pid for pid in fenced.ended if pid not in sink.ended]
-        if sink.fenced:
+
+    def _declare_dead(self, recovery: SinkProcedure, sink_id: str, run_ids: list[str]) -> Fenced:
+        """Fence the runs (durably), end their lock holders, and say so."""
+        fenced = recovery.fence(run_ids)
+        if fenced.runs:
             self.out.note(
-                f"sqlsink recover: sink {sink.sink_id}: declared run(s) "
-                f"{', '.join(sink.fenced)} dead (fenced)"
+                f"sqlsink recover: sink {sink_id}: declared run(s) "
+                f"{', '.join(fenced.runs)} dead (fenced)"
             )
+        return fenced
 
     def _plan_only(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
         """A dry run: the plan and the losses, without acting (the named runs as dead)."""
