@@ -99,7 +99,7 @@ def test_recovery_walkthrough(spark: Any, pg_url: str, tmp_path: Path) -> None:
         "driver": "signal SIGKILL",
         "rows_after_crash": 30,  # batch 0; batch 1 prepared, decided, not committed
         "prepared_after_crash": 2,
-        "status_exit": 0,
+        "status_exit": 1,  # warns: batch 1 decided, not complete, nothing of its run connected
         "dry_run_exit": 1,  # something to do: two commits
         "recover_exit": 0,
         "rows_after_recover": 70,  # batch 1 rolled forward
