@@ -383,7 +383,10 @@ def test_no_secret_in_any_output_of_a_driver_the_commit_log_the_server_or_the_cl
     ]
     results = [(run.args, run.returncode, *run.communicate(timeout=120)) for run in runs]
     codes = [run.returncode for run in runs]
-    assert codes[:6] == [0, 0, 0, 0, 0, 0] and codes[6:] == [2, 2, 2], results
+    # the whole database's status may warn (exit 1) about other tests' sinks in the shared
+    # database (a sink whose newest run failed is not "all well"); the rest is this sink's
+    assert codes[0] in (0, 1) and codes[1:6] == [0, 0, 0, 0, 0], results
+    assert codes[6:] == [2, 2, 2], results
     assert sink in results[1][2] and "cannot connect" in results[6][3]
     assert "cannot connect" in json.loads(results[7][2])["error"]["message"]
 
