@@ -79,10 +79,11 @@ def test_a_committer_gone_after_the_sessions_were_read_leaves_the_run_in_doubt(
         forget_sink(pg_url, sink)
 
 
-def status_of(url: str) -> tuple[int, str]:
-    """(exit code, the human report) of ``sqlsink status`` on the whole database."""
+def status_of(url: str, sink: str) -> tuple[int, str]:
+    """(exit code, the human report) of ``sqlsink status --sink-id`` (one sink: the shared
+    database holds other tests' sinks, whose warnings would set the exit code too)."""
     done = subprocess.run(
-        [sys.executable, "-m", "sqlsink", "status", "--url", url],
+        [sys.executable, "-m", "sqlsink", "status", "--url", url, "--sink-id", sink],
         capture_output=True,
         text=True,
         timeout=60,
@@ -98,7 +99,7 @@ def test_a_failed_query_is_not_all_well(pg_url: str, table: str) -> None:
         writer.batch(0, range(3))
         with psycopg.connect(pg_url, autocommit=True) as conn:
             run_registry.record_end(conn, sink, writer.run, "failed", "ValueError: bad row")
-        code, human = status_of(pg_url)
+        code, human = status_of(pg_url, sink)
         assert "FAILED" in human
         assert code != 0 and "all well" not in human, human
     finally:
@@ -122,7 +123,7 @@ def test_a_stopped_runs_prepared_leftover_is_not_all_well(
         writer.write(1, range(3, 6))  # prepared, no decision: the query stopped mid-batch
         with psycopg.connect(pg_url, autocommit=True) as conn:
             run_registry.record_end(conn, sink, writer.run, "stopped", None)
-        code, human = status_of(pg_url)
+        code, human = status_of(pg_url, sink)
         assert "STOPPED" in human
         assert code != 0 and "all well" not in human, human
     finally:
