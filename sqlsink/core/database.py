@@ -1,0 +1,46 @@
+"""What a database the sink writes to offers, as the adapters (the Spark entry points,
+the CLI) see it: its name, its capabilities, and the interfaces they work through.
+
+The entry that opens one for a URL is :mod:`sqlsink.backends`; the adapters reach a
+database only through these interfaces (the layers' contract in pyproject.toml)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+from sqlsink.errors import ConfigError
+
+
+class Capability(enum.Enum):
+    """What one database has and another may lack. A feature that needs a capability
+    the database lacks is refused before anything is written (:func:`require`)."""
+
+    BINARY_COPY = "a binary bulk load (COPY ... FROM STDIN BINARY)"
+    CONSISTENT_VIEW = "a consistent view of whole batches (consistentView)"
+    UPSERT = "upsert (mode=upsert)"
+    SCHEMA_EVOLUTION = "additive schema evolution (schemaEvolution)"
+    POOLER_DETECTION = "detecting a transaction pooler in front of the server"
+    SERVER_CHECKS = "judging the server's settings (sqlsink check)"
+    SESSION_KEPT_AFTER_PREPARE = "keeping a partition's session after it prepares"
+
+
+class Database(Protocol):
+    """A database kind, as :func:`sqlsink.backends.open_database` gives it for a URL."""
+
+    @property
+    def name(self) -> str:
+        """Its name in messages: ``PostgreSQL``."""
+        ...
+
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+
+
+def require(database: Database, capability: Capability, wanted_by: str) -> None:
+    """Refuse, before anything is written, what ``database`` cannot do."""
+    if capability not in database.capabilities:
+        raise ConfigError(
+            f"{wanted_by} needs {capability.value}, which sqlsink's {database.name} backend "
+            f"does not have; turn {wanted_by} off for this database"
+        )
