@@ -90,6 +90,9 @@ class RunJson(TypedDict):
     superseded_by: str | None  # the newer run that fenced it, or "operator" (recover --force)
     aborted_batch: int | None  # Spark aborted its batches up to this one
     prepared: int  # its prepared transactions of the sink in this database
+    # its query's end as its driver recorded it (null: none recorded); ``state`` stays the
+    # registry's, which holds a stopped run live until its timeout
+    ended: RunEndJson | None
 
 
 class DataLossJson(TypedDict):

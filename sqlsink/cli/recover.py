@@ -259,6 +259,7 @@ class Recovery:
     def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
         """The sink's runs; those live (and not named dead) keep their gids."""
         sink.runs = run_registry.runs(self.conn, sink.sink_id)
+        sink.ends = run_registry.run_ends(self.conn, sink.sink_id)
         sink.treated_live = [r for r in sink.runs if r.live and r.run_id not in treat_as_dead]
 
     def _fence(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:

@@ -30,7 +30,7 @@ from sqlsink.cli.output import (
     session_json,
 )
 from sqlsink.cli.recover_lost import LostBatch, lost_notice
-from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
+from sqlsink.cli.runs import describe, end_json, prepared_by_run, run_json, timeout_text
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import (
     Action,
@@ -42,7 +42,7 @@ from sqlsink.core.resolution import (
     sentence,
 )
 from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.run_registry import RunInfo
+from sqlsink.postgres.run_registry import RunEnd, RunInfo
 from sqlsink.postgres.survey import prepared as pg_prepared
 from sqlsink.postgres.survey import sessions as pg_sessions
 
@@ -58,6 +58,7 @@ class SinkRecovery:
     holders: list[pg_sessions.Session] = field(default_factory=list)
     sessions: list[pg_sessions.Session] = field(default_factory=list)  # evidence only
     runs: list[RunInfo] = field(default_factory=list)  # the registry, newest first
+    ends: dict[str, RunEnd] = field(default_factory=dict)  # runs' ends their drivers recorded
     treated_live: list[RunInfo] = field(default_factory=list)  # their gids are left
     fenced: list[str] = field(default_factory=list)  # declared dead by this command
     named: list[str] = field(default_factory=list)  # --run-id, for this sink
@@ -358,7 +359,14 @@ def sink_json(sink: SinkRecovery, actions: list[ActionJson]) -> RecoverSinkJson:
         "rolled_back": results.count("rolled back"),
         "already_committed": len(report.already_committed),
         "completed_batches": sorted(report.completed_batches),
-        "runs": [run_json(r, sink.prepared().get(r.run_id, 0)) for r in sink.shown_runs()],
+        "runs": [
+            run_json(
+                r,
+                sink.prepared().get(r.run_id, 0),
+                end_json(e) if (e := sink.ends.get(r.run_id)) else None,
+            )
+            for r in sink.shown_runs()
+        ],
         "live_runs": [r.run_id for r in sink.treated_live],
         "fenced_runs": list(sink.fenced),
         "ended_sessions": list(sink.ended),

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from sqlsink.cli.contract import RunJson, RunState
-from sqlsink.cli.output import Output, format_age, table
+from sqlsink.cli.contract import RunEndJson, RunJson, RunState
+from sqlsink.cli.output import Output, format_age, format_time, table
 from sqlsink.core.gid import Gid
-from sqlsink.postgres.run_registry import RunInfo
+from sqlsink.postgres.run_registry import RunEnd, RunInfo
 
 NEWEST_SHOWN = 3  # status shows a sink's newest runs besides its live ones and those with gids
 
@@ -24,7 +24,16 @@ def run_state(run: RunInfo) -> RunState:
     return "fenced" if state == "fenced" else "live" if state == "live" else "dead"
 
 
-def run_json(run: RunInfo, prepared: int) -> RunJson:
+def end_json(end: RunEnd) -> RunEndJson:
+    return {
+        "run_id": end.run_id,
+        "ended_at": end.ended_at,
+        "how": "failed" if end.how == "failed" else "stopped",
+        "error": end.error,
+    }
+
+
+def run_json(run: RunInfo, prepared: int, ended: RunEndJson | None) -> RunJson:
     return {
         "run_id": run.run_id,
         "state": run_state(run),
@@ -40,6 +49,7 @@ def run_json(run: RunInfo, prepared: int) -> RunJson:
         "superseded_by": run.superseded_by,
         "aborted_batch": run.aborted_batch,
         "prepared": prepared,
+        "ended": ended,
     }
 
 
@@ -90,7 +100,7 @@ def print_runs(out: Output, runs: list[RunJson], indent: str = "    ") -> None:
     rows = [
         [
             r["run_id"],
-            r["state"].upper() if r["state"] == "live" else r["state"],
+            _state(r),
             format_age(r["heartbeat_age_seconds"]),
             format_age(r["timeout_seconds"]),
             r["prepared"],
@@ -103,7 +113,18 @@ def print_runs(out: Output, runs: list[RunJson], indent: str = "    ") -> None:
         out.line(indent + text)
 
 
+def _state(r: RunJson) -> str:
+    """The registry's state, but a query its driver recorded as ended is not shown LIVE
+    (the registry holds it live until its timeout, for recover's sake: the note says)."""
+    if r["ended"] is not None and r["state"] == "live":
+        return "stopped" if r["ended"]["how"] == "stopped" else "failed"
+    return r["state"].upper() if r["state"] == "live" else r["state"]
+
+
 def _note(r: RunJson) -> str:
+    if r["ended"] is not None and r["state"] == "live":
+        when = format_time(r["ended"]["ended_at"])
+        return f"{r['ended']['how']} at {when}; live to recover until its timeout"
     if r["superseded_by"] is not None:
         by = "an operator" if r["superseded_by"] == "operator" else f"run {r['superseded_by']}"
         return f"fenced by {by}"

@@ -34,6 +34,7 @@ from sqlsink.cli.output import (
 from sqlsink.cli.runs import (
     NEWEST_SHOWN,
     describe,
+    end_json,
     prepared_by_run,
     run_json,
     shown_runs,
@@ -49,7 +50,7 @@ from sqlsink.cli.status_json import (
     view_json,
 )
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
-from sqlsink.cli.status_state import failed_notice, in_doubt_notice, verdict
+from sqlsink.cli.status_state import failed_notice, in_doubt_notice, leftover_notice, verdict
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
@@ -120,6 +121,17 @@ class StatusScan:
             )
         if found.state == "failed" and found.ended is not None:  # not all well
             self.warnings.append(failed_notice(self.out, sink_id, found.ended))
+        if found.ended is not None and (
+            left := leftover_notice(
+                self.out,
+                sink_id,
+                found.ended,
+                by_run.get(found.ended["run_id"]),
+                prepared_docs,
+                self.now,
+            )
+        ):
+            self.warnings.append(left)
         never_wrote = not (
             summary.decisions or incomplete or prepared or live_runs or live_sessions
         ) and not (holders or hidden or lost or check)
@@ -139,7 +151,10 @@ class StatusScan:
             "sessions": [session_json(s) for s in live_sessions],
             "lock_holders": [session_json(s) for s in holders],
             "runs": [
-                run_json(r, counts.get(r.run_id, 0)) for r in shown_runs(runs, counts, NEWEST_SHOWN)
+                run_json(
+                    r, counts.get(r.run_id, 0), end_json(e) if (e := ends.get(r.run_id)) else None
+                )
+                for r in shown_runs(runs, counts, NEWEST_SHOWN)
             ],
             "checkpoint_check": check,
             "consistent_views": [view_json(v) for v in views],

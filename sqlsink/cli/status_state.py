@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from sqlsink.cli.contract import InDoubtJson, PreparedJson, RunEndJson, SinkState
 from sqlsink.cli.output import Notice, Output, format_age, format_time
-from sqlsink.cli.runs import timeout_text
+from sqlsink.cli.runs import end_json, timeout_text
 from sqlsink.postgres.run_registry import RunEnd, RunInfo
 from sqlsink.postgres.survey.decisions import DecisionRow
 
@@ -29,15 +29,6 @@ class Verdict:
     state: SinkState | None
     ended: RunEndJson | None
     in_doubt: InDoubtJson | None
-
-
-def end_json(end: RunEnd) -> RunEndJson:
-    return {
-        "run_id": end.run_id,
-        "ended_at": end.ended_at,
-        "how": "failed" if end.how == "failed" else "stopped",
-        "error": end.error,
-    }
 
 
 def quiet_after(run: RunInfo) -> float:
@@ -149,5 +140,53 @@ def in_doubt_notice(
         f"--run-id {doubt['run_id']} (finishes it now); otherwise its restart or sqlsink "
         f"recover --url {url} --sink-id {sink_id} after {format_time(doubt['dead_at'])} "
         f"does{out.paste_note}"
+    )
+    return Notice("warning", message, fix, sink_id)
+
+
+def leftover_notice(
+    out: Output,
+    sink_id: str,
+    ended: RunEndJson,
+    run: RunInfo | None,
+    prepared: list[PreparedJson],
+    now: datetime,
+) -> Notice | None:
+    """The warning for partitions a run left prepared, undecided, when its query stopped
+    or failed: no batch of theirs was decided, so they are rolled back, not committed;
+    until then they hold their locks and keep the server from cleaning up behind them,
+    and nothing of the run is left to do it but the query's restart or ``recover``."""
+    left = [
+        p
+        for p in prepared
+        if p["run_id"] == ended["run_id"] and not p["decided"] and not p["stranded"]
+    ]
+    if not left:
+        return None
+    batches = sorted({p["batch_id"] for p in left})
+    named = ", ".join(
+        f"batch {b} ({sum(1 for p in left if p['batch_id'] == b)} partition(s))" for b in batches
+    )
+    if run is not None:
+        dead_at = run.heartbeat_at + timedelta(seconds=run.timeout_s)
+        wait = max(0.0, (dead_at - now).total_seconds())
+        when = (
+            f"sqlsink recover --url {out.paste_url} --sink-id {sink_id} after "
+            f"{format_time(dead_at)} (in {format_age(wait)}: the run's timeout "
+            f"{timeout_text(run)})"
+        )
+    else:
+        when = f"sqlsink recover --url {out.paste_url} --sink-id {sink_id}"
+    message = (
+        f"run {ended['run_id']} of sink {sink_id} left {named} prepared and undecided: its "
+        f"driver recorded that its query {end_word(ended)} at "
+        f"{format_time(ended['ended_at'])} before deciding them. They are rolled back, not "
+        "committed (their rows are written again by the query's restart); until then they "
+        "hold their locks on the table and keep the server from vacuuming behind them"
+    )
+    fix = (
+        f"restart the query (it rolls them back first); or {when}; or now: sqlsink recover "
+        f"--url {out.paste_url} --sink-id {sink_id} --force --run-id {ended['run_id']}"
+        f"{out.paste_note}"
     )
     return Notice("warning", message, fix, sink_id)
