@@ -203,3 +203,34 @@ def test_two_branches_of_one_gtrid_are_separate_transactions(
     run(other, f"XA ROLLBACK {b}")
     assert run(other, f"SELECT id FROM `{table}`") == [(0,)]
     other.close()
+
+
+def test_a_branch_is_finished_by_gtrid_and_bqual_whatever_the_format_id(
+    server: MariaServer, table: str
+) -> None:
+    """MariaDB 10.11 commits (or rolls back) a prepared branch named with another formatID
+    than it was prepared with, and refuses a second branch of the same gtrid and bqual
+    under another formatID (XAER_DUPID): the formatID alone does not keep the sink off a
+    foreign branch, so the backend looks each branch up in XA RECOVER first."""
+    gtrid = f"fmt-{uuid.uuid4().hex[:8]}"
+    conn = server.connect(database=TARGET_DB)
+    run(conn, f"XA START '{gtrid}','b',7")
+    run(conn, f"INSERT INTO `{table}` VALUES (1, 'a')")
+    run(conn, f"XA END '{gtrid}','b',7")
+    run(conn, f"XA PREPARE '{gtrid}','b',7")
+    conn.close()
+    other = server.connect(database=TARGET_DB)
+    with pytest.raises(pymysql.MySQLError) as dup:
+        run(other, f"XA START '{gtrid}','b',8")
+    assert errno(dup.value) == 1440  # XAER_DUPID
+    deadline = time.monotonic() + 5.0
+    while True:  # committed under formatID 8, once its session has gone
+        try:
+            run(other, f"XA COMMIT '{gtrid}','b',8")
+            break
+        except pymysql.MySQLError as exc:
+            if errno(exc) != XAER_NOTA or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    assert run(other, f"SELECT id FROM `{table}`") == [(1,)]
+    other.close()
