@@ -234,3 +234,31 @@ def test_a_branch_is_finished_by_gtrid_and_bqual_whatever_the_format_id(
             time.sleep(0.02)
     assert run(other, f"SELECT id FROM `{table}`") == [(1,)]
     other.close()
+
+
+@pytest.mark.crash
+def test_a_prepared_branch_survives_the_servers_sigkill(tmp_path: Path) -> None:
+    """mariadbd SIGKILLed with a branch prepared (binary log on): after the restart XA
+    RECOVER lists it and another session commits it. A server of its own, so that the
+    crash touches no other test."""
+    from tests.fix_mariadb import _own_server
+
+    servers = _own_server(tmp_path)
+    own = next(servers)
+    try:
+        conn = own.connect()
+        run(conn, "CREATE TABLE sqlsink_test.crash (id INT PRIMARY KEY) ENGINE=InnoDB")
+        g = xid()
+        run(conn, f"XA START {g}")
+        run(conn, "INSERT INTO sqlsink_test.crash VALUES (1)")
+        run(conn, f"XA END {g}")
+        run(conn, f"XA PREPARE {g}")
+        conn.close()
+        own.kill_and_restart()
+        after = own.connect()
+        assert listed(after, g.strip("'")) == 1
+        run(after, f"XA COMMIT {g}")
+        assert run(after, "SELECT id FROM sqlsink_test.crash") == [(1,)]
+        after.close()
+    finally:
+        servers.close()
