@@ -240,7 +240,8 @@ def visible_markers(conn: Connection, db: str, gids: Collection[str]) -> set[str
 
 
 def mark_complete(conn: Connection, db: str, sink_id: str, batch_ids: Collection[int]) -> None:
-    """The batches are complete, and their markers go, in one transaction."""
+    """The batches are complete, and their markers go, in one transaction (and the rows
+    of their task sessions, which ``await_batch_tasks`` read before the decision)."""
     batches = sorted(set(batch_ids))
     if not batches:
         return
@@ -253,11 +254,12 @@ def mark_complete(conn: Connection, db: str, sink_id: str, batch_ids: Collection
             f"WHERE sink_id = %s AND batch_id IN ({marks}) AND completed_at IS NULL",
             (sink_id, *batches),
         )
-        execute(
-            conn,
-            f"DELETE FROM `{db}`.markers WHERE sink_id = %s AND batch_id IN ({marks})",
-            (sink_id, *batches),
-        )
+        for table in ("markers", "task_sessions"):  # task sessions: read until now only
+            execute(
+                conn,
+                f"DELETE FROM `{db}`.{table} WHERE sink_id = %s AND batch_id IN ({marks})",
+                (sink_id, *batches),
+            )
         execute(conn, "COMMIT")
     except BaseException:
         if conn.open:
