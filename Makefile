@@ -13,6 +13,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 $(VENV)/.installed: pyproject.toml
 	bash scripts/ensure-java.sh
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-mariadb.sh  # the MariaDB backend's tests start their own server
 	bash scripts/ensure-jdbc.sh  # the benchmarks' smoke runs measure Spark's JDBC writer too
 	bash scripts/ensure-prometheus.sh  # the metrics tests scrape with a real Prometheus
 	$(PYTHON) -m venv $(VENV)

@@ -1,9 +1,15 @@
-"""The in-memory backend against the real one: the same scenarios on both.
+"""The in-memory backend against the real ones: the same scenarios on each.
 
-Each scenario runs once on ``tests/sim/memory.py`` and once on ``PostgresBackend``
-over a real PostgreSQL with prepared transactions (``tests/fix_pg.py``), so what the
-simulation proves rests on a fake that behaves like the real commit log, sink lock
-and prepared transactions where the protocol looks.
+Each scenario runs on ``tests/sim/memory.py``, on ``PostgresBackend`` over a real
+PostgreSQL with prepared transactions (``tests/fix_pg.py``) and on ``MariaDBBackend``
+over a real MariaDB with XA (``tests/fix_mariadb.py``), so what the simulation proves
+rests on a fake that behaves like the real commit logs, sink locks and prepared
+transactions where the protocol looks.
+
+MariaDB's one difference the protocol meets here: a branch can be finished by another
+session only once the session that prepared it has ended. ``MariaHarness.prepare``
+disconnects after XA PREPARE, as a partition must; the backend waits (boundedly) for a
+branch whose session is still ending (sqlsink/mariadb/backend.py).
 """
 
 from __future__ import annotations
@@ -31,10 +37,17 @@ from sqlsink.core.model import (
 from sqlsink.core.recovery import Done, Fenced, Recovery
 from sqlsink.core.resolution import Action, Scope
 from sqlsink.errors import ConfigError, TransientError
+from sqlsink.mariadb import commit_log as maria_log
+from sqlsink.mariadb import xid as maria_xid
+from sqlsink.mariadb.backend import MariaDBBackend, enter_task_session
+from sqlsink.mariadb.connection import connect as maria_connect
+from sqlsink.mariadb.connection import execute as maria_execute
+from sqlsink.mariadb.schema import ensure_schema as ensure_maria_schema
 from sqlsink.postgres import appnames, commit_log, locks, retention
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.survey import decisions as survey
+from tests.fix_mariadb import MariaServer
 from tests.fix_pg import forget_sink
 from tests.sim.checks import KNOWN
 from tests.sim.memory import Clock, ConnectionLost, MemoryBackend, Server, SqlError
@@ -203,17 +216,115 @@ class PostgresHarness:
             forget_sink(self.url, sink)
 
 
+class MariaHarness:
+    def __init__(self, server: MariaServer) -> None:
+        self.url = server.url()
+        self.conns: list[Any] = []
+        conn = self._connect()
+        ensure_maria_schema(conn)
+        backend = MariaDBBackend(conn)
+        self.database, self.role = backend.database, backend.user
+
+    def _connect(self) -> Any:
+        conn = maria_connect(self.url)
+        self.conns.append(conn)
+        return conn
+
+    def session(self, lock_timeout_s: float = 0.3) -> MariaDBBackend:
+        return MariaDBBackend(self._connect(), lock_timeout_s)
+
+    def prepare(self, gid: str) -> None:
+        """A partition's branch: its marker, XA PREPARE, and the disconnect."""
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        branch = maria_xid.encode(parsed).sql()
+        conn = maria_connect(self.url)
+        maria_execute(conn, f"XA START {branch}")
+        maria_log.insert_marker(
+            conn, self.database, gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1
+        )
+        maria_execute(conn, f"XA END {branch}")
+        maria_execute(conn, f"XA PREPARE {branch}")
+        conn.close()
+
+    def _refused(self, backend: MariaDBBackend, statement: str, sink: str) -> None:
+        import pymysql
+
+        try:
+            maria_execute(backend.conn, statement, (sink,))
+        except pymysql.MySQLError as exc:
+            if exc.args[0] in (1644, 1451):  # SIGNAL of a trigger, a foreign key
+                raise Refused(str(exc)) from None
+            raise
+
+    def delete_sink(self, backend: MariaDBBackend, sink: str) -> None:
+        self._refused(backend, f"DELETE FROM `{self.database}`.sinks WHERE sink_id = %s", sink)
+
+    def delete_decisions(self, backend: MariaDBBackend, sink: str) -> None:
+        self._refused(backend, f"DELETE FROM `{self.database}`.decisions WHERE sink_id = %s", sink)
+
+    def forget(self, backend: MariaDBBackend, sink: str) -> int:
+        with backend.sink_lock(sink):
+            return backend.forget_sink(sink)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def lost(self, backend: MariaDBBackend) -> bool:
+        import pymysql
+
+        try:
+            backend.highest_decided("any")
+        except (pymysql.OperationalError, pymysql.InterfaceError):
+            return True
+        return False
+
+    def task_session(self, sink: str, batch: int) -> Callable[[], None]:
+        conn = maria_connect(self.url)
+        enter_task_session(conn, sink, batch, 0, self.database)
+        return conn.close  # type: ignore[no-any-return]
+
+    def metrics(self, backend: MariaDBBackend, sink: str, batch: int) -> Metrics:
+        return maria_log.metrics(backend.conn, self.database, sink, batch)
+
+    def close(self, sinks: list[str]) -> None:
+        for conn in self.conns:
+            if conn.open:
+                conn.close()
+        backend = MariaDBBackend(maria_connect(self.url), 5.0)
+        try:
+            for sink in sinks:
+                for txn in backend.prepared(sink):
+                    backend.rollback_prepared(txn.gid)
+            maria_execute(backend.conn, "BEGIN")
+            for sink in sinks:
+                maria_execute(backend.conn, "SET @sqlsink_forget = %s", (sink,))
+                for table in ("markers", "decisions", "runs", "sinks", "task_sessions"):
+                    maria_execute(
+                        backend.conn,
+                        f"DELETE FROM `{self.database}`.{table} WHERE sink_id = %s",
+                        (sink,),
+                    )
+            maria_execute(backend.conn, "COMMIT")
+        finally:
+            backend.conn.close()
+
+
 @pytest.fixture
 def sinks() -> list[str]:
     return [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "mariadb"])
 def harness(request: pytest.FixtureRequest, sinks: list[str]) -> Iterator[Harness]:
     if request.param == "memory":
         yield MemoryHarness()
         return
-    real = PostgresHarness(request.getfixturevalue("pg_url"))
+    real: PostgresHarness | MariaHarness
+    if request.param == "mariadb":
+        real = MariaHarness(request.getfixturevalue("mariadb_server"))
+    else:
+        real = PostgresHarness(request.getfixturevalue("pg_url"))
     yield real
     real.close(sinks)
 

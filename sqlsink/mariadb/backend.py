@@ -1,0 +1,308 @@
+"""The sink's MariaDB session, as the core sees it (``core.backend.TwoPhaseBackend``):
+a thin face over the commit log (database ``sqlsink`` on the same server), the sink
+lock (a named lock) and the server's prepared XA branches.
+
+Where MariaDB differs from PostgreSQL, and how it is modelled here:
+- A prepared branch stays attached to the session that prepared it: another session's
+  ``XA COMMIT`` gets XAER_NOTA (1397) until that session has ended, though XA RECOVER
+  lists the branch all along (tests/mariadb/test_xa_facts.py). So a partition
+  disconnects after XA PREPARE, and ``commit_prepared``/``rollback_prepared`` treat
+  XAER_NOTA on a listed branch as "busy": retried until its session is gone, at most
+  the session's lock bound (PostgreSQL's "is busy" case, where another session is
+  finishing it). A branch not listed is gone: False.
+- XA RECOVER gives no database, owner or time: every branch of the sink's formatID is
+  reported in the commit log's database, owned by this session's user, prepared "now"
+  (so no branch looks old, and none hears from its run). Any user may finish any
+  branch, so ``finisher_role`` is None.
+- Never ``XA COMMIT ... ONE PHASE``; an xid is never reused (the gid holds the run and
+  the attempt); only branches of the sink's formatID whose xid decodes to a valid gid
+  are listed or touched (sqlsink/mariadb/xid.py). MariaDB finishes a branch by gtrid
+  and bqual alone, ignoring the statement's formatID, so each XA COMMIT/ROLLBACK is
+  preceded by an XA RECOVER that must list the branch with the sink's formatID.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
+from datetime import datetime, timezone
+
+from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    Fate,
+    LockTake,
+    NewDecision,
+    PreparedTransaction,
+    TaskState,
+)
+from sqlsink.errors import ConfigError, TransientError
+from sqlsink.mariadb import commit_log, locks, retention, run_registry, xid
+from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute, rows
+
+XAER_NOTA = 1397  # the xid is not known (not prepared, or still attached to its session)
+XA_RBROLLBACK = 1402  # the branch was rolled back (by the server): gone
+
+
+class MariaDBBackend:
+    """Implements ``sqlsink.core.backend.TwoPhaseBackend`` on one autocommit session."""
+
+    def __init__(
+        self, conn: Connection, lock_timeout_s: float = 60.0, log_database: str = LOG_DATABASE
+    ) -> None:
+        """``lock_timeout_s`` bounds every lock wait of this session: the sink lock, and
+        row locks (innodb_lock_wait_timeout, whole seconds, at least 1)."""
+        self.conn = conn
+        self.lock_timeout_s = lock_timeout_s
+        self.db = log_database
+        execute(conn, "SET SESSION innodb_lock_wait_timeout = %s", (max(1, round(lock_timeout_s)),))
+        user = rows(conn, "SELECT CURRENT_USER()")[0][0]
+        self.user = str(user).rsplit("@", 1)[0]
+
+    @property
+    def database(self) -> str:
+        return self.db
+
+    @property
+    def finisher_role(self) -> str | None:
+        return None  # any user may finish any prepared branch on MariaDB
+
+    def cut_session(self, url: str) -> None:
+        me = int(rows(self.conn, "SELECT CONNECTION_ID()")[0][0])
+        other = connect(url)
+        try:
+            execute(other, f"KILL CONNECTION {me}")
+        finally:
+            other.close()
+
+    # -- the sink lock ---------------------------------------------------------------------
+
+    def sink_lock(self, sink_id: str | None) -> AbstractContextManager[None]:
+        return locks.sink_lock(self.conn, self.db, sink_id, self.lock_timeout_s)
+
+    def acquire_sink_lock(
+        self,
+        sink_id: str | None,
+        timeout_s: float | None = None,
+        waiting: Callable[[], None] | None = None,
+        *,
+        end_fenced: bool = True,
+    ) -> LockTake:
+        bound = self.lock_timeout_s if timeout_s is None else timeout_s
+        return locks.acquire_sink_lock(
+            self.conn, self.db, sink_id, bound, waiting, end_fenced=end_fenced
+        )
+
+    def try_sink_lock(self, sink_id: str | None) -> bool:
+        return locks.try_sink_lock(self.conn, self.db, sink_id)
+
+    def unlock_sink(self, sink_id: str | None) -> None:
+        locks.unlock_sink(self.conn, self.db, sink_id)
+
+    def end_fenced_holders(self, sink_id: str | None) -> list[int]:
+        return locks.end_fenced_holders(self.conn, self.db, sink_id)
+
+    # -- prepared branches -----------------------------------------------------------------
+
+    def _recovered(self) -> list[str]:
+        found = [xid.from_recover_row(r) for r in rows(self.conn, "XA RECOVER")]
+        return sorted(str(g) for g in found if g is not None)
+
+    def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
+        now = datetime.now(timezone.utc)
+        return [
+            PreparedTransaction(g, self.db, self.user, now)
+            for g in self._recovered()
+            if sink_id is None or g.split("_")[1] == sink_id
+        ]
+
+    def commit_prepared(self, gid: str) -> bool:
+        return self._finish("COMMIT", gid)
+
+    def rollback_prepared(self, gid: str) -> bool:
+        return self._finish("ROLLBACK", gid)
+
+    def _listed(self, gid: str, branch: xid.Xid) -> bool:
+        """Whether XA RECOVER lists this branch; a ConfigError when it lists a foreign
+        branch (another formatID) with the same gtrid and bqual: MariaDB finishes a
+        branch by gtrid and bqual alone, whatever formatID the statement names
+        (tests/mariadb/test_xa_facts.py), so that one must never be finished from here."""
+        data = branch.gtrid + branch.bqual
+        formats = {
+            int(r[0])
+            for r in rows(self.conn, "XA RECOVER")
+            if int(r[1]) == len(branch.gtrid) and bytes(r[3]) == data
+        }
+        if formats - {branch.format_id}:
+            raise ConfigError(
+                f"a prepared XA branch of formatID {sorted(formats)[0]} (not sqlsink's) has "
+                f"the gtrid and bqual of {gid}; "
+                "MariaDB would finish it by those alone, so sqlsink leaves it: whoever "
+                "prepared it must finish it (XA RECOVER FORMAT='SQL' shows it)"
+            )
+        return bool(formats)
+
+    def _finish(self, verb: str, gid: str) -> bool:
+        """XA COMMIT / XA ROLLBACK of exactly this gid's xid (never ONE PHASE); False when
+        it is not prepared (any more). Looked up first: only a branch XA RECOVER lists
+        with the sink's formatID is finished. A branch still attached to its session
+        (XAER_NOTA while listed) is waited for, at most the lock bound."""
+        branch = xid.encode_text(gid)
+        if branch is None:
+            return False  # not one of ours: never touched
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            if not self._listed(gid, branch):
+                return False
+            try:
+                execute(self.conn, f"XA {verb} {branch.sql()}")
+                return True
+            except Exception as exc:
+                code = errno(exc)
+                if verb == "ROLLBACK" and code == XA_RBROLLBACK:
+                    return True  # rolled back all the same
+                if code != XAER_NOTA:
+                    raise
+            if time.monotonic() >= deadline:
+                raise TransientError(
+                    f"prepared branch {gid} is still attached to the session that prepared "
+                    f"it after {self.lock_timeout_s:.0f} s (MariaDB lets another session "
+                    "finish a branch only once that session has ended): a partition task "
+                    "that did not disconnect after XA PREPARE? End it (SHOW PROCESSLIST, "
+                    "KILL CONNECTION id), then run sqlsink recover",
+                    gid=gid,
+                )
+            time.sleep(0.02)
+
+    # -- the commit log --------------------------------------------------------------------
+
+    def decisions(
+        self, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], Decision]:
+        return commit_log.decisions(self.conn, self.db, sink_id, batch_ids)
+
+    def binding(self, sink_id: str) -> Binding | None:
+        return commit_log.binding(self.conn, self.db, sink_id)
+
+    def bind(self, sink_id: str, writer: Binding) -> None:
+        commit_log.bind(self.conn, self.db, sink_id, writer)
+
+    def highest_decided(self, sink_id: str) -> int | None:
+        return commit_log.highest_decided(self.conn, self.db, sink_id)
+
+    def task_state(self, sink_id: str, run_id: str, batch_id: int) -> TaskState:
+        mine = [t.gid for t in self.prepared(sink_id)]
+        return commit_log.task_state(self.conn, self.db, sink_id, run_id, batch_id, mine)
+
+    def attempt_fate(self, sink_id: str, run_id: str, batch_id: int, gid: str) -> Fate:
+        return commit_log.attempt_fate(self.conn, self.db, sink_id, run_id, batch_id, gid)
+
+    def insert_decision(self, decision: NewDecision) -> bool:
+        return commit_log.insert_decision(self.conn, self.db, decision)
+
+    def record_metrics(
+        self,
+        sink_id: str,
+        batch_id: int,
+        commit_ms: float,
+        orphans: int,
+        *,
+        figures: BatchFigures | None = None,
+    ) -> None:
+        commit_log.record_metrics(
+            self.conn, self.db, sink_id, batch_id, commit_ms, orphans, figures=figures
+        )
+
+    def visible_markers(self, gids: Collection[str]) -> set[str]:
+        return commit_log.visible_markers(self.conn, self.db, gids)
+
+    def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
+        commit_log.mark_complete(self.conn, self.db, sink_id, batch_ids)
+
+    def prune_decisions(self, sink_id: str, through: int) -> int:
+        return retention.prune_decisions(self.conn, self.db, sink_id, through)
+
+    def forget_sink(self, sink_id: str) -> int:
+        """``sqlsink forget``'s removal (the caller holds the sink lock)."""
+        mine = [t.gid for t in self.prepared(sink_id)]
+        return retention.forget_sink(self.conn, self.db, sink_id, mine)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
+        return run_registry.fence_runs(self.conn, self.db, sink_id, run_ids)
+
+    def register_run(
+        self,
+        sink_id: str,
+        run_id: str,
+        live_for_s: float,
+        *,
+        holds_lock: bool,
+        admit: Callable[[Binding | None, int | None], None] | None = None,
+        token: str | None = None,
+    ) -> str | None:
+        return run_registry.register_run(
+            self.conn, self.db, sink_id, run_id, live_for_s,
+            holds_lock=holds_lock, admit=admit, token=token,
+        )  # fmt: skip
+
+    def run_of_token(self, sink_id: str, token: str) -> str | None:
+        return run_registry.run_of_token(self.conn, self.db, sink_id, token)
+
+    def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        run_registry.mark_aborted(self.conn, self.db, sink_id, run_id, batch_id)
+
+    def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
+        return run_registry.live_runs(self.conn, self.db, sink_id)
+
+    def await_batch_tasks(
+        self, sink_id: str, batch_id: int, timeout_s: float
+    ) -> tuple[list[int], list[int]]:
+        """The batch's task sessions (``enter_task_session``) still in the process list,
+        polled until none is or ``timeout_s`` has passed."""
+        deadline = time.monotonic() + timeout_s
+        seen: list[int] | None = None
+        while True:
+            found = rows(
+                self.conn,
+                f"SELECT t.conn_id FROM `{self.db}`.task_sessions t "
+                "JOIN information_schema.PROCESSLIST p ON p.ID = t.conn_id "
+                "WHERE t.sink_id = %s AND t.batch_id = %s AND t.conn_id <> CONNECTION_ID() "
+                "ORDER BY 1",
+                (sink_id, batch_id),
+            )
+            ids = [int(r[0]) for r in found]
+            seen = ids if seen is None else seen
+            if not ids or time.monotonic() >= deadline:
+                return seen, ids
+            time.sleep(0.05)
+
+    # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) -----------
+
+    def run_check(self, sink_id: str, run_id: str) -> RunCheck:
+        return retention.run_check(self.conn, self.db, sink_id, run_id)
+
+    def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
+        return retention.coverage(self.conn, self.db, sink_id, batch_ids)
+
+    def record_check(
+        self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
+    ) -> None:
+        retention.record_check(self.conn, self.db, sink_id, run_id, batch_id, location, verdict)
+
+
+def enter_task_session(
+    conn: Connection, sink_id: str, batch_id: int, partition_id: int, db: str = LOG_DATABASE
+) -> None:
+    """A partition task's session says whose it is (``await_batch_tasks`` finds it while
+    it is connected): MariaDB has no application name to carry it."""
+    execute(
+        conn,
+        f"REPLACE INTO `{db}`.task_sessions (conn_id, sink_id, batch_id, partition_id) "
+        "VALUES (CONNECTION_ID(), %s, %s, %s)",
+        (sink_id, batch_id, partition_id),
+    )
