@@ -10,6 +10,7 @@ from sqlsink.core.model import (
     BatchFigures,
     Binding,
     Decision,
+    Handover,
     LockTake,
     NewDecision,
     PreparedTransaction,
@@ -161,6 +162,15 @@ class TwoPhaseBackend(Protocol):
         ...
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None: ...
+
+    def record_handover(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        """Record, durably, that the run's foreachBatch function handed ``batch_id`` to the
+        writer (the run's latest: one record per run, replaced)."""
+        ...
+
+    def handovers(self, sink_id: str) -> list[Handover]:
+        """Every run's latest recorded hand-over of the sink (``record_handover``)."""
+        ...
 
     def prune_decisions(self, sink_id: str, through: int) -> int:
         """Delete the sink's complete decisions of batches up to ``through`` and record

@@ -136,6 +136,16 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Handover:
+    """The latest batch a run of a sink handed to the foreachBatch writer, as the commit
+    log recorded it before anything of the batch was written (``record_handover``)."""
+
+    run_id: str
+    batch_id: int
+    handed_at: datetime
+
+
+@dataclass(frozen=True)
 class LockTake:
     """How a take of the sink lock went (``TwoPhaseBackend.acquire_sink_lock``)."""
 

@@ -47,7 +47,7 @@ from collections.abc import Collection, Mapping, Sequence
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.checkpoint_check import CheckpointCheck, Unreadable
 from sqlsink.core.committer import Committer
-from sqlsink.core.model import Decision, ResolutionReport
+from sqlsink.core.model import Decision, Handover, ResolutionReport
 from sqlsink.errors import ConfigError, DataLossError
 
 FIX = (
@@ -373,6 +373,58 @@ def swallowed_loss_error(sink_id: str, lost: Sequence[int], batch_id: int) -> Da
         sink_id=sink_id,
         batch=batch_id,
         lost=list(lost),
+    )
+
+
+def unfinished_handovers(
+    backend: TwoPhaseBackend, sink_id: str, batch_id: int, highest: int | None
+) -> list[Handover]:
+    """The batches before ``batch_id`` that a run of the sink (this one or an earlier one,
+    in any process) was handed and that nobody decided: above the highest decided batch,
+    recorded by ``record_handover`` before anything of them was written. A stream hands
+    its batches in order and Spark runs a batch again until its function returns, so a
+    run handing ``batch_id`` past one of them means the function returned from it
+    undecided (it caught the writer's error): Spark recorded it committed without its
+    rows. Not a batch the function never handed (no record: a skipped batch, decided
+    empty by ``fill_gap``), not ``batch_id`` itself (a replay hands it again)."""
+    return sorted(
+        (
+            h
+            for h in backend.handovers(sink_id)
+            if h.batch_id < batch_id and (highest is None or h.batch_id > highest)
+        ),
+        key=lambda h: (h.batch_id, h.run_id),
+    )
+
+
+def handed_loss_error(
+    sink_id: str, lost: Sequence[Handover], batch_id: int, run_id: str
+) -> DataLossError:
+    """A run hands ``batch_id`` past batches handed to the writer and never decided."""
+    first = lost[0]
+    who = "this run" if first.run_id == run_id else f"run {first.run_id}"
+    batches = sorted({h.batch_id for h in lost})
+    more = f" (and batches {', '.join(map(str, batches[1:]))} after it)" if len(batches) > 1 else ""
+    return DataLossError(
+        f"data loss: sink {sink_id!r}: batch {first.batch_id} was handed to the writer (by "
+        f"{who}, at {first.handed_at.isoformat(timespec='seconds')}){more} and never decided: its "
+        "write failed or its block was left by an exception, and the foreachBatch function "
+        "returned normally (it caught the error), so Spark recorded the batch as committed "
+        f"in its checkpoint without its rows, and will not run it again. Nothing of batch "
+        f"{batch_id} was written. Fix: let the writer's error propagate out of the function "
+        "(re-raise it after logging it, or give foreachBatch writer.wrap(function)); then "
+        f"restore batch {first.batch_id}'s rows: replay its source offsets (offsets/"
+        f"{first.batch_id} of the checkpoint) into the table yourself, or re-deliver it by "
+        f"restarting the query from a copy of its checkpoint taken before commits/"
+        f"{first.batch_id}; or accept that its rows are missing: sqlsink recover --sink-id "
+        f"{sink_id} --mark-skipped {first.batch_id} --checkpoint DIR (each lost batch, in "
+        f"order); then restart the query. (Only if a later run re-ran batch {first.batch_id} "
+        "and the function returned from it without handing it to the writer, on purpose, "
+        "is nothing lost: mark it skipped the same way; foreachBatch(writer.wrap(function)) "
+        "decides such batches itself.)",
+        sink_id=sink_id,
+        batch=batch_id,
+        lost=batches,
     )
 
 

@@ -17,6 +17,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    Handover,
     LockTake,
     NewDecision,
     PreparedTransaction,
@@ -240,6 +241,12 @@ class PostgresBackend:
             commit_log.record_metrics(
                 self.conn, sink_id, batch_id, commit_ms, orphans, figures=figures
             )
+
+    def record_handover(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        commit_log.record_handover(self.conn, sink_id, run_id, batch_id)
+
+    def handovers(self, sink_id: str) -> list[Handover]:
+        return commit_log.handovers(self.conn, sink_id)
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
         with self.standby.bounded(f"marking batches of sink {sink_id} complete", sink=sink_id):

@@ -23,7 +23,15 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import BatchFigures, Binding, Decision, Fate, NewDecision, TaskState
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    Fate,
+    Handover,
+    NewDecision,
+    TaskState,
+)
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -331,8 +339,45 @@ _COMPLETE_AND_DELETE_MARKERS = (
 )
 
 
+# -- the foreachBatch writer's hand-overs (schema 11) -------------------------------------
+
+
+def has_handovers(conn: Connection) -> bool:
+    row = conn.execute("SELECT to_regclass('sqlsink.handovers') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+def record_handover(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> None:
+    """One row per run, its latest hand-over (a schema not yet at 11 records nothing: the
+    check then has nothing to go on, as before the table)."""
+    if not has_handovers(conn):
+        return
+    conn.execute(
+        "INSERT INTO sqlsink.handovers (sink_id, run_id, batch_id) VALUES (%s, %s, %s) "
+        "ON CONFLICT (sink_id, run_id) DO UPDATE SET batch_id = excluded.batch_id, "
+        "handed_at = excluded.handed_at",
+        (sink_id, run_id, batch_id),
+    )
+
+
+def handovers(conn: Connection, sink_id: str) -> list[Handover]:
+    if not has_handovers(conn):
+        return []
+    rows = conn.execute(
+        "SELECT run_id, batch_id, handed_at FROM sqlsink.handovers WHERE sink_id = %s",
+        (sink_id,),
+    ).fetchall()
+    return [Handover(str(r[0]), int(r[1]), r[2]) for r in rows]
+
+
+def sink_tables(conn: Connection) -> tuple[str, ...]:
+    """The commit log's tables with rows of a sink, in the order forget deletes them."""
+    tables = ("markers", "decisions", "runs", "sinks")
+    return ("handovers", *tables) if has_handovers(conn) else tables
+
+
 def forget_one_off_load(conn: Connection, sink_id: str) -> None:
     """A one-off batch load (no sinkId) is complete: its log is of no further use."""
     with conn.transaction():
-        for table in ("markers", "decisions", "runs", "sinks"):
+        for table in sink_tables(conn):
             conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError
+from sqlsink.postgres import commit_log
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.run_registry import RUNS_SQL
@@ -87,7 +88,7 @@ def forget_sink(conn: Connection, sink_id: str) -> Forgotten:
         if not known:
             return Forgotten(0, None, None, known=False, others=tuple(map(str, row[9])))
         conn.execute("SELECT set_config('sqlsink.forget', %s, true)", (sink_id,))
-        for table in ("markers", "decisions", "runs", "sinks"):
+        for table in commit_log.sink_tables(conn):
             conn.execute(f"DELETE FROM sqlsink.{table} WHERE sink_id = %s", (sink_id,))
         return Forgotten(int(row[3]), row[4], row[5], None if writer is None else str(writer))
 

@@ -285,6 +285,14 @@ class Batch:
                 lost = [b for b in failed if (sink_id, b) not in decided]
                 if lost:
                     raise swallowed_loss_error(sink_id, lost, self.batch_id)
+            if self.in_stream:  # what the commit log holds of earlier hand-overs, any process
+                from sqlsink.core.writer_batch import handed_loss_error, unfinished_handovers
+
+                run_id = self.identity.run_id
+                unfinished = unfinished_handovers(backend, sink_id, self.batch_id, highest)
+                if unfinished:
+                    raise handed_loss_error(sink_id, unfinished, self.batch_id, run_id)
+                backend.record_handover(sink_id, run_id, self.batch_id)
             if highest is None or self.batch_id > highest:
                 return None  # a stream's next batch: no decision, nothing to read
             return read_decision(backend, sink_id, self.batch_id)

@@ -45,6 +45,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    Handover,
     LockTake,
     NewDecision,
     PreparedTransaction,
@@ -161,6 +162,8 @@ class CommitLog:
     decisions: dict[tuple[str, int], DecisionRow] = field(default_factory=dict)
     markers: dict[str, MarkerRow] = field(default_factory=dict)
     runs: dict[tuple[str, str], RunRow] = field(default_factory=dict)
+    # (sink, run) -> (its latest handed batch, when): the writer's hand-overs (schema 11)
+    handovers: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
 
     def of_sink(self, sink_id: str) -> list[DecisionRow]:
         return [d for (s, _), d in self.decisions.items() if s == sink_id]
@@ -172,6 +175,7 @@ class CommitLog:
             {k: copy.copy(v) for k, v in self.decisions.items()},
             dict(self.markers),
             {k: copy.copy(v) for k, v in self.runs.items()},
+            dict(self.handovers),
         )
 
 
@@ -909,6 +913,18 @@ class MemoryBackend:
             return set()
         self._call(f"visible markers {sorted(gids)}")
         return {g for g in gids if g in self._log.markers}
+
+    def record_handover(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        self._call(f"record hand-over {sink_id} run {run_id} batch {batch_id}")
+        self._log.handovers[(sink_id, run_id)] = (batch_id, self._now())
+
+    def handovers(self, sink_id: str) -> list[Handover]:
+        self._call(f"hand-overs {sink_id}")
+        return [
+            Handover(run, batch, stamp(at))
+            for (sink, run), (batch, at) in self._log.handovers.items()
+            if sink == sink_id
+        ]
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
         self._call(f"mark complete {sink_id} {sorted(batch_ids)}")

@@ -902,13 +902,13 @@ class Batch:
             SINK, identity.run_id, self.batch_id
         )
         self.identity = identity
+        if run is not None:  # the function handed it, whatever the writer says of it
+            run.handed.append((self.batch_id, identity.run_id))
+        world.run_of[identity.run_id] = run
         self.decision = self.check_writer()
         gap = handed.hand(SINK, identity.run_id, self.batch_id) if handed else range(0)
         if gap:
             self.fill_gap(gap, identity)
-        if run is not None:
-            run.handed.append((self.batch_id, identity.run_id))
-        world.run_of[identity.run_id] = run
         return identity
 
     def check_writer(self) -> Decision | None:
@@ -921,6 +921,14 @@ class Batch:
                 SINK, backend.binding(SINK), highest, Binding.of(self.identity.query_id)
             )
             admission.check_forward(SINK, self.batch_id, highest)
+            if self.world.run is not None:  # in the stream: the recorded hand-overs
+                run_id = self.identity.run_id
+                unfinished = writer_batch.unfinished_handovers(
+                    backend, SINK, self.batch_id, highest
+                )
+                if unfinished:
+                    raise writer_batch.handed_loss_error(SINK, unfinished, self.batch_id, run_id)
+                backend.record_handover(SINK, run_id, self.batch_id)
             return writer_batch.read_decision(backend, SINK, self.batch_id)
 
     def judge(self, table: str | None) -> PartStart:
