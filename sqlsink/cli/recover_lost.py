@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.core.admin import AdminSession, RoleInfo
+from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import NewDecision, PreparedTransaction
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import checkpoint_records, run_registry
-from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import roles as pg_roles
 
 RUNBOOK = "see the runbook's 'Data loss' (docs/operations/runbook.md)"
 
@@ -88,15 +86,11 @@ class Evidence:
 
 
 def evidence(
-    conn: Connection, sink_id: str, checkpoint: Checkpoint | None, from_record: bool = False
+    conn: AdminSession, sink_id: str, checkpoint: Checkpoint | None, from_record: bool = False
 ) -> Evidence:
-    checks = [
-        row
-        for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
-        if row.verdict == "loss"
-    ]
+    checks = [row for row in conn.checkpoint_checks(sink_id, limit=50) if row.verdict == "loss"]
     recorded = {b for row in checks for b in row.lost}
-    runs = run_registry.runs(conn, sink_id)
+    runs = conn.runs(sink_id)
     aborted = [r.aborted_batch for r in runs if r.aborted_batch is not None]
     checkers: dict[int, set[str]] = defaultdict(set)
     for row in checks:
@@ -133,14 +127,16 @@ class RecordedCheckpoint:
         )
 
 
-def recorded_checkpoint(conn: Connection, sink_id: str, query_id: str | None) -> RecordedCheckpoint:
+def recorded_checkpoint(
+    conn: AdminSession, sink_id: str, query_id: str | None
+) -> RecordedCheckpoint:
     """Read the newest checkpoint location the sink's runs recorded, if it is readable from
     here (a local path, a ``file:`` URI, or what ``pyarrow.fs`` reads) and is the bound
     query's."""
     location = next(
         (
             row.location
-            for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
+            for row in conn.checkpoint_checks(sink_id, limit=50)
             if row.location is not None
         ),
         None,
@@ -170,7 +166,7 @@ class LostBatch:
 
 
 def undecided_prepared(
-    backend: PostgresBackend, sink_id: str, highest: int | None
+    backend: TwoPhaseBackend, sink_id: str, highest: int | None
 ) -> dict[int, list[PreparedTransaction]]:
     """The sink's prepared transactions in this database of batches above ``highest``."""
     found: dict[int, list[PreparedTransaction]] = defaultdict(list)
@@ -220,7 +216,7 @@ def unsure_batches(
     )
 
 
-def lost_batches(backend: PostgresBackend, sink_id: str, proof: Evidence) -> list[LostBatch]:
+def lost_batches(backend: TwoPhaseBackend, sink_id: str, proof: Evidence) -> list[LostBatch]:
     """The batches whose prepared transactions ``recover`` must leave (read under the lock)."""
     highest = backend.highest_decided(sink_id)
     lost = []
@@ -279,10 +275,10 @@ def requests(commit_lost: Iterable[int], mark_skipped: Iterable[int]) -> list[Re
 class Decider:
     """Checks and writes the requested decisions, in batch order, under the sink's lock."""
 
-    backend: PostgresBackend
+    backend: TwoPhaseBackend
     sink_id: str
     query_id: str | None  # the streaming query the sink is bound to
-    me: pg_roles.RoleInfo
+    me: RoleInfo
     proof: Evidence
     ended: list[int] = field(default_factory=list)  # fenced runs' lock holders it ended
 

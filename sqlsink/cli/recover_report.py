@@ -31,6 +31,7 @@ from sqlsink.cli.output import (
 )
 from sqlsink.cli.recover_lost import LostBatch, lost_notice
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
+from sqlsink.core.admin import AdminSession, RunInfo, Session
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import (
     Action,
@@ -41,10 +42,6 @@ from sqlsink.core.resolution import (
     plan_resolution,
     sentence,
 )
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.run_registry import RunInfo
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import sessions as pg_sessions
 
 
 @dataclass
@@ -55,8 +52,8 @@ class SinkRecovery:
     bound_query: str | None
     locked: bool = False  # this session holds the sink's lock now
     lock_busy: bool = False  # another session held it when we tried
-    holders: list[pg_sessions.Session] = field(default_factory=list)
-    sessions: list[pg_sessions.Session] = field(default_factory=list)  # evidence only
+    holders: list[Session] = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)  # evidence only
     runs: list[RunInfo] = field(default_factory=list)  # the registry, newest first
     treated_live: list[RunInfo] = field(default_factory=list)  # their gids are left
     fenced: list[str] = field(default_factory=list)  # declared dead by this command
@@ -140,7 +137,7 @@ def _elsewhere(action: PlannedAction) -> bool:
 
 
 def all_actions(
-    conn: Connection,
+    conn: AdminSession,
     sinks: list[SinkRecovery],
     finished: Mapping[str, ActionResult],
     database: str,
@@ -153,7 +150,7 @@ def all_actions(
         for action in sink.plan.actions if sink.plan else []:
             if action.prepared.gid not in seen or action.action is not Action.LEAVE:
                 seen[action.prepared.gid] = action
-    rest = [t for t in pg_prepared.all_prepared(conn) if t.gid not in seen]
+    rest = [t for t in conn.all_prepared() if t.gid not in seen]
     # the others: labelled by the same rule, which leaves whatever is not the sink's
     others = plan_resolution(rest, {}, database=database, sink_id=sink_id, scope=Scope.everything())
     for action in others.actions:

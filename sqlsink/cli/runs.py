@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 
 from sqlsink.cli.contract import RunJson, RunState
 from sqlsink.cli.output import Output, format_age, table
+from sqlsink.core.admin import RunInfo
 from sqlsink.core.gid import Gid
-from sqlsink.postgres.run_registry import RunInfo
 
 NEWEST_SHOWN = 3  # status shows a sink's newest runs besides its live ones and those with gids
 

@@ -68,6 +68,7 @@ from sqlsink.cli.recover_lost import (
     undecided_prepared,
     unsure_batches,
 )
+from sqlsink.core.admin import RoleInfo
 from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
     CheckpointMode,
@@ -82,7 +83,6 @@ from sqlsink.core.participant import Participant, task_gid
 from sqlsink.core.resolution import Scope
 from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError, SinkBindingError, SqlsinkError
-from sqlsink.postgres.survey.roles import RoleInfo
 from sqlsink.spark.driver_token import run_token
 from tests.sim.checks import KNOWN, Checker
 from tests.sim.memory import ConnectionLost, MemoryBackend, Server, SqlError
