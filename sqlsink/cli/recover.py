@@ -34,17 +34,7 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_of_checkpoint,
 )
-from sqlsink.cli.recover_lost import (
-    Decider,
-    Evidence,
-    RecordedCheckpoint,
-    evidence,
-    lost_batches,
-    recorded_checkpoint,
-    requests,
-    undecided_prepared,
-    unsure_batches,
-)
+from sqlsink.cli.recover_lost import Decider, RecordedCheckpoint, recorded_checkpoint, requests
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
@@ -58,6 +48,7 @@ from sqlsink.cli.recover_report import (
 from sqlsink.core.admin import AdminSession, RoleInfo, SinkRow
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, evidence, recover_scope
 from sqlsink.core.recovery import Done, Fenced
 from sqlsink.core.recovery import Recovery as SinkProcedure
 from sqlsink.core.resolution import Action, Scope, Why
@@ -204,23 +195,21 @@ class Recovery:
         named by --rollback-undecided."""
         proof = self._evidence(sink.sink_id)
         sink.checkpoint_read = None if proof.checkpoint is None else str(proof.checkpoint.path)
-        sink.lost_decisions = lost_batches(self.backend, sink.sink_id, proof)
-        lost = frozenset(b.batch_id for b in sink.lost_decisions)
-        if live is None:
-            live = frozenset(run for _, run in self.backend.live_runs(sink.sink_id))
-        highest = self.backend.highest_decided(sink.sink_id)
-        unsure: frozenset[int] = frozenset()
-        if proof.checkpoint is None and sink.bound_query is not None:
-            named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
-            unsure = unsure_batches(
-                undecided_prepared(self.backend, sink.sink_id, highest),
-                lost | frozenset(named),
-                live,
-                {r.run_id: r.aborted_batch for r in sink.runs},
-                frozenset(sink.named),
-            )
+        named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
+        found = recover_scope(  # core/lost.py: the scope; what is printed stays here
+            self.backend,
+            sink.sink_id,
+            proof,
+            streaming=sink.bound_query is not None,
+            live=live,
+            aborted={r.run_id: r.aborted_batch for r in sink.runs},
+            rollback_undecided=frozenset(named),
+            forced=frozenset(sink.named),
+        )
+        sink.lost_decisions = found.lost
+        if found.unsure_kept:
             sink.unread = self._recorded(sink.sink_id).why_unread()
-        sink.scope = Scope.everything(live, lost, unsure, highest)
+        sink.scope = found.scope
         return sink.scope
 
     def check_rollback_undecided(self) -> None:

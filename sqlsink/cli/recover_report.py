@@ -29,9 +29,10 @@ from sqlsink.cli.output import (
     format_age,
     session_json,
 )
-from sqlsink.cli.recover_lost import LostBatch, lost_notice
+from sqlsink.cli.recover_lost import lost_notice
 from sqlsink.cli.runs import describe, prepared_by_run, run_json, timeout_text
 from sqlsink.core.admin import AdminSession, RunInfo, Session
+from sqlsink.core.lost import LostBatch
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import (
     Action,

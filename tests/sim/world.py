@@ -60,14 +60,7 @@ from typing import Any
 
 from sqlsink.checkpoint.parse import Checkpoint
 from sqlsink.cli.output import CliError
-from sqlsink.cli.recover_lost import (
-    Decider,
-    Evidence,
-    lost_batches,
-    requests,
-    undecided_prepared,
-    unsure_batches,
-)
+from sqlsink.cli.recover_lost import Decider, requests
 from sqlsink.core.admin import RoleInfo
 from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
@@ -78,6 +71,7 @@ from sqlsink.core.checkpoint_check import (
 from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, lost_batches, undecided_prepared, unsure_batches
 from sqlsink.core.model import PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
 from sqlsink.core.resolution import Scope
