@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from sqlsink.credentials import PasswordSource, known_passwords
 from sqlsink.errors import ConfigError
 
 # the schemes of a URL that names a PostgreSQL server (libpq's; jdbc:postgresql: as Spark's
@@ -88,3 +89,30 @@ def redact(url: str) -> str:
     url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
     url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
     return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def without_password(url: str) -> tuple[str, bool]:
+    """The connection string with any password left out (not masked: a fix line must be
+    pasteable, the password then comes from PGPASSWORD or ~/.pgpass); whether one was."""
+    if "://" in url:
+        bare = re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1@", url)
+        bare = re.sub(r"([?&])password=[^&#]*&?", r"\1", bare, flags=re.IGNORECASE)
+        bare = re.sub(r"[?&]$", "", bare)
+    else:
+        pattern = r"\s*\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"
+        bare = re.sub(pattern, "", url, flags=re.IGNORECASE).strip()
+    return bare, bare != url
+
+
+def secrets_of(url: str, password: str | PasswordSource | None = None) -> list[str]:
+    """The connection's secrets: its passwords, and every password a password command or
+    provider returned in this process."""
+    found = [password] if isinstance(password, str) and password else []
+    found += sorted(known_passwords(), key=len, reverse=True)
+    try:
+        params: Mapping[str, object] = conninfo_to_dict(url.removeprefix("jdbc:"))
+    except psycopg.ProgrammingError:
+        return found
+    if value := params.get("password"):
+        found.append(str(value))
+    return found

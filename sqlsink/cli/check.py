@@ -1,8 +1,9 @@
 """``sqlsink check``: the server settings and privileges the sink needs.
 
-The checks themselves are ``sqlsink.postgres.survey.server_checks.run_checks``; this
-command prints their findings. It exits 2 when a finding is an error (the sink cannot
-run there as this role), 1 on warnings.
+The checks themselves are the database's (``AdminSession.run_checks``; PostgreSQL's
+``sqlsink.postgres.survey.server_checks.run_checks``), for a database with
+``Capability.SERVER_CHECKS``; this command prints their findings. It exits 2 when a
+finding is an error (the sink cannot run there as this role), 1 on warnings.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import argparse
 from typing import cast
 
+from sqlsink.backends import open_database
 from sqlsink.cli.connect import identify, open_connection
 from sqlsink.cli.contract import CheckDocument, Envelope, FindingJson, FindingLevel, NoticeLevel
 from sqlsink.cli.output import EXIT_ERROR, EXIT_OK, EXIT_WARN, Notice, Output, header, table
-from sqlsink.postgres.checks import Finding
-from sqlsink.postgres.survey import server_checks
+from sqlsink.core.admin import CheckContext, Finding
+from sqlsink.core.database import Capability, require
 
 
 def start(args: argparse.Namespace, envelope: Envelope) -> CheckDocument:
@@ -28,12 +30,12 @@ def start(args: argparse.Namespace, envelope: Envelope) -> CheckDocument:
 
 
 def run(args: argparse.Namespace, out: Output, doc: CheckDocument) -> int:
+    database = open_database(args.url)
+    require(database, Capability.SERVER_CHECKS, "sqlsink check")
     with open_connection(args.url, "check", args.password_command) as conn:
         me = identify(conn, doc)
         doc["server_version"] = me.server_version
-        findings = server_checks.run_checks(
-            conn, server_checks.CheckContext(args.trigger_interval, args.partitions)
-        )
+        findings = conn.run_checks(CheckContext(args.trigger_interval, args.partitions))
     doc["findings"] = [_finding_json(f) for f in findings]
     # the top-level warnings say what made the exit code, as every command's do (issue 15)
     doc["warnings"] = [
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace, out: Output, doc: CheckDocument) -> int:
     levels = {f.level for f in findings}
     code = EXIT_ERROR if "error" in levels else EXIT_WARN if "warning" in levels else EXIT_OK
     if not out.json_mode:
-        header(out, "check", me, f", PostgreSQL {me.server_version}")
+        header(out, "check", me, f", {database.name} {me.server_version}")
         _print_findings(out, findings)
         meaning = {
             0: "the server is ready for the sink",

@@ -13,7 +13,6 @@ from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import Envelope, ForgetDocument
 from sqlsink.cli.output import EXIT_OK, EXIT_WARN, CliError, Output, header
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import locks, retention
 
 LOCK_TIMEOUT_S = 10.0
 
@@ -56,8 +55,7 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
         me = identify(conn, doc)
         require_schema(conn, me)
         try:
-            with locks.sink_lock(conn, args.sink_id, LOCK_TIMEOUT_S):
-                gone = retention.forget_sink(conn, args.sink_id)
+            gone = conn.forget_sink(args.sink_id, LOCK_TIMEOUT_S)
         except ConfigError as exc:
             doc["message"] = exc.message
         else:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from sqlsink.cli.contract import DataLossJson
 from sqlsink.cli.output import Output, table
+from sqlsink.core.admin import AdminSession
 from sqlsink.core.gid import Gid
 from sqlsink.core.resolution import Plan
 from sqlsink.core.resolver import data_loss_error
-from sqlsink.postgres import commit_log
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import prepared as pg_prepared
 
 LOSS_FIX = (
     "see the runbook's 'Data loss' (docs/operations/runbook.md); the decision stays incomplete, so "
@@ -21,12 +19,12 @@ LOSS_FIX = (
 )
 
 
-def confirmed_losses(conn: Connection, plan: Plan) -> list[tuple[int, str]]:
+def confirmed_losses(conn: AdminSession, plan: Plan) -> list[tuple[int, str]]:
     """The plan's decided gids gone without their marker: (batch, gid). Read-only, and
     confirmed by a second read."""
     candidates = {gid for _, gid in plan.to_verify}
-    gone = candidates - commit_log.visible_markers(conn, candidates)
-    lost = pg_prepared.confirm_lost(conn, gone)
+    gone = candidates - conn.visible_markers(candidates)
+    lost = conn.confirm_lost(gone)
     return [(batch, gid) for batch, gid in plan.to_verify if gid in lost]
 
 

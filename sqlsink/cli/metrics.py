@@ -18,7 +18,6 @@ when the command runs, so the other commands work without it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import threading
 import time
@@ -27,16 +26,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psycopg
-
+from sqlsink.backends import open_database
 from sqlsink.cli.connect import open_connection, require_schema
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.metrics_survey import Histogram, Reading, SinkReading, Totals, read
 from sqlsink.cli.output import EXIT_ERROR, EXIT_OK, CliError, Output
+from sqlsink.core.admin import AdminSession, DriverFault
 from sqlsink.errors import ConfigError, SqlsinkError
 from sqlsink.options import parse_duration
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import roles as pg_roles
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -175,7 +172,7 @@ class Exporter:
         self.timeout_s = timeout_s
         self.out = out
         self.totals = Totals()
-        self.conn: Connection | None = None
+        self.conn: AdminSession | None = None
         self.lock = threading.Lock()
         self.failing = False
 
@@ -204,12 +201,11 @@ class Exporter:
         self.failing = False
         return reading
 
-    def _connect(self) -> Connection:
+    def _connect(self) -> AdminSession:
         conn = open_connection(self.url, "metrics", self.password_command)
         try:
-            ms = max(1, round(self.timeout_s * 1000))
-            conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{ms}ms",))
-            require_schema(conn, pg_roles.role_info(conn))
+            conn.set_statement_timeout(self.timeout_s)
+            require_schema(conn, conn.role_info())
         except BaseException:
             conn.close()
             raise
@@ -218,28 +214,31 @@ class Exporter:
     def _close(self) -> None:
         if self.conn is not None:
             conn, self.conn = self.conn, None
-            with contextlib.suppress(psycopg.Error):
+            try:
                 conn.close()
+            except Exception as exc:
+                if open_database(self.url).driver_error(exc) is None:
+                    raise
 
     def _explain(self, exc: Exception) -> str:
         if isinstance(exc, CliError):
             return f"{exc.message}. Fix: {exc.fix}" if exc.fix else exc.message
         if isinstance(exc, SqlsinkError):
             return exc.message
-        if isinstance(exc, psycopg.errors.QueryCanceled):
+        database = open_database(self.url)
+        failed = database.driver_error(exc)
+        if failed is not None and failed.fault is DriverFault.QUERY_CANCELED:
             return (
                 f"a query ran longer than --query-timeout ({self.timeout_s:g}s): "
-                f"{_diag(exc)}; the next scrape tries again"
+                f"{failed.diag}; the next scrape tries again"
             )
-        if isinstance(exc, psycopg.OperationalError):
-            return f"lost the connection to PostgreSQL: {_diag(exc)}; the next scrape reconnects"
-        if isinstance(exc, psycopg.Error):
-            return f"PostgreSQL error: {_diag(exc)}"
+        if failed is not None and failed.fault is DriverFault.CONNECTION:
+            return (
+                f"lost the connection to {database.name}: {failed.diag}; the next scrape reconnects"
+            )
+        if failed is not None:
+            return f"{database.name} error: {failed.diag}"
         return "internal error (please report it):\n" + traceback.format_exc()
-
-
-def _diag(exc: psycopg.Error) -> str:
-    return (exc.diag.message_primary or str(exc)).strip()
 
 
 def families(reading: Reading | None, elapsed_s: float) -> list[Metric]:

@@ -24,14 +24,9 @@ from datetime import datetime
 from sqlsink.cli.loss import confirmed_losses
 from sqlsink.cli.runs import stranded_reason
 from sqlsink.cli.status_json import sink_names, sort_prepared
+from sqlsink.core.admin import AdminSession, DecisionRow
 from sqlsink.core.committer import Committer
 from sqlsink.core.resolution import Scope
-from sqlsink.postgres import checkpoint_records, run_registry
-from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import decisions as pg_decisions
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import roles as pg_roles
 
 # upper bounds in seconds: a batch's commit (COMMIT PREPAREDs and completion) is
 # milliseconds to seconds; a partition's write (first row to PREPARE) can take minutes
@@ -80,7 +75,7 @@ class SinkTotals:
     partition_write: Histogram = field(default_factory=lambda: Histogram(WRITE_BUCKETS))
     prepare_to_decision: Histogram = field(default_factory=lambda: Histogram(COMMIT_BUCKETS))
 
-    def add(self, decisions: list[pg_decisions.DecisionRow]) -> None:
+    def add(self, decisions: list[DecisionRow]) -> None:
         """Count the decisions (in batch order) not counted yet. A decision's times are
         written by its commit after the decision itself: one without them is timed at a
         later scrape, or never once a later decision exists (its commit did not finish)."""
@@ -137,13 +132,13 @@ class Totals:
     def __init__(self) -> None:
         self.sinks: dict[str, SinkTotals] = {}
 
-    def update(self, conn: Connection, sink_id: str, newest: int | None) -> SinkTotals:
+    def update(self, conn: AdminSession, sink_id: str, newest: int | None) -> SinkTotals:
         totals = self.sinks.get(sink_id)
         if totals is None or newest is None or newest < totals.counted_through:
             totals = self.sinks[sink_id] = SinkTotals()  # new, or its log started over
         first = min(totals.counted_through, totals.timed_through) + 1
         if newest is not None and newest >= first:
-            totals.add(list(pg_decisions.decisions_from(conn, sink_id, first).values()))
+            totals.add(list(conn.decisions_from(sink_id, first).values()))
         return totals
 
     def keep_only(self, sink_ids: set[str]) -> None:
@@ -152,20 +147,20 @@ class Totals:
             del self.sinks[gone]
 
 
-def read(conn: Connection, totals: Totals) -> Reading:
+def read(conn: AdminSession, totals: Totals) -> Reading:
     """Every sink of the connection's database, as status sees it now."""
-    me = pg_roles.role_info(conn)
-    now = pg_prepared.server_now(conn)
-    rows = pg_decisions.sinks(conn)
-    ours, _ = sort_prepared(pg_prepared.all_prepared(conn), me.database, None)
-    incomplete = pg_decisions.incomplete_decisions(conn)
+    me = conn.role_info()
+    now = conn.server_now()
+    rows = conn.sinks()
+    ours, _ = sort_prepared(conn.all_prepared(), me.database, None)
+    incomplete = conn.incomplete_decisions()
     names = sink_names(rows, ours, incomplete, None, me.database)
-    runs = run_registry.runs(conn, None)  # newest first within each sink
-    backend = PostgresBackend(conn)
-    checks = pg_decisions.schema_version(conn) >= 4
+    runs = conn.runs(None)  # newest first within each sink
+    backend = conn.two_phase()
+    checks = conn.schema_version() >= 4
     readings = []
     for sink_id in sorted(names):
-        recent = pg_decisions.recent_decisions(conn, sink_id, 1)
+        recent = conn.recent_decisions(sink_id, 1)
         last = recent[0] if recent else None
         sink_totals = totals.update(conn, sink_id, None if last is None else last.batch_id)
         sink_runs = [r for r in runs if r.sink_id == sink_id]
@@ -200,8 +195,8 @@ def read(conn: Connection, totals: Totals) -> Reading:
     return Reading(me.database, now, readings)
 
 
-def _checkpoint_lost(conn: Connection, sink_id: str) -> int:
+def _checkpoint_lost(conn: AdminSession, sink_id: str) -> int:
     """The batches the newest run's checkpoint check found committed by Spark and
     missing from the log (what status reports as DATA LOSS)."""
-    newest = [c for c in checkpoint_records.checkpoint_checks(conn, sink_id, 1) if c.newest]
+    newest = [c for c in conn.checkpoint_checks(sink_id, 1) if c.newest]
     return len(newest[0].lost) if newest and newest[0].verdict == "loss" else 0

@@ -24,11 +24,9 @@ from sqlsink.cli.contract import (
     NoticeLevel,
     SessionJson,
 )
-from sqlsink.conninfo import redact, shown
+from sqlsink.conninfo import redact, secrets_of, shown, without_password
+from sqlsink.core.admin import RoleInfo, Session
 from sqlsink.credentials import known_passwords
-from sqlsink.postgres.connection import secrets_of, without_password
-from sqlsink.postgres.survey import roles as pg_roles
-from sqlsink.postgres.survey import sessions as pg_sessions
 
 EXIT_OK, EXIT_WARN, EXIT_ERROR, EXIT_LOSS = 0, 1, 2, 3
 
@@ -150,7 +148,7 @@ def new_envelope(command: CommandName, url: str | None) -> Envelope:
     }
 
 
-def session_json(s: pg_sessions.Session) -> SessionJson:
+def session_json(s: Session) -> SessionJson:
     return {
         "pid": s.pid,
         "application_name": s.application_name,
@@ -184,7 +182,7 @@ def exit_code(warnings: Sequence[Notice], lost: bool = False, failed: bool = Fal
 # -- the human report ---------------------------------------------------------------------
 
 
-def header(out: Output, command: str, me: pg_roles.RoleInfo, extra: str = "") -> None:
+def header(out: Output, command: str, me: RoleInfo, extra: str = "") -> None:
     who = "superuser" if me.superuser else "not superuser"
     out.line(
         f"sqlsink {command} on {out.shown_url}: database {me.database}, role {me.role} "

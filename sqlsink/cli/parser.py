@@ -15,10 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import psycopg
-
+from sqlsink.backends import open_database
 from sqlsink.cli import check, forget, metrics, recover, status
-from sqlsink.cli.connect import SCHEMA_FIX
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import (
     EXIT_ERROR,
@@ -29,6 +27,7 @@ from sqlsink.cli.output import (
     fail,
     new_envelope,
 )
+from sqlsink.core.admin import DriverFault
 from sqlsink.core.gid import check_sink_id
 from sqlsink.errors import ConfigError, DataLossError, SqlsinkError, TransientError
 from sqlsink.options import parse_duration
@@ -359,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. | head: stop quietly
         return _broken_pipe()
     except Exception as exc:
-        code = _failed(out, doc, exc)
+        code = _failed(out, doc, exc, args.url)
     doc["exit_code"] = code
     if out.json_mode:
         try:
@@ -369,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _failed(out: Output, doc: Envelope, exc: Exception) -> int:
+def _failed(out: Output, doc: Envelope, exc: Exception, url: str | None) -> int:
     """Say why the command stopped; a bug shows where, without secrets."""
-    failure = _explain(exc)
+    failure = _explain(exc, url)
     if failure is None:
         out.error("sqlsink: internal error (please report it):\n" + traceback.format_exc())
         doc["error"] = {"message": "internal error", "fix": None}
@@ -380,8 +379,9 @@ def _failed(out: Output, doc: Envelope, exc: Exception) -> int:
     return fail(out, doc, message, fix, code)
 
 
-def _explain(exc: Exception) -> tuple[str, str | None, int] | None:
-    """(message, fix, exit code) of an expected failure; None for a bug."""
+def _explain(exc: Exception, url: str | None) -> tuple[str, str | None, int] | None:
+    """(message, fix, exit code) of an expected failure; None for a bug. The database's
+    errors come as the backend tells them apart (``Database.driver_error``)."""
     if isinstance(exc, CliError):
         return exc.message, exc.fix, exc.exit_code
     if isinstance(exc, DataLossError):
@@ -390,26 +390,28 @@ def _explain(exc: Exception) -> tuple[str, str | None, int] | None:
         return exc.message, CONNECT_FIX, EXIT_ERROR
     if isinstance(exc, SqlsinkError):
         return exc.message, None, EXIT_ERROR
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        diag = _diag(exc)
+    try:
+        database = open_database(url or "")
+    except ConfigError:
+        return None
+    failed = database.driver_error(exc)
+    if failed is None:
+        return None
+    diag = failed.diag
+    if failed.fault is DriverFault.PRIVILEGE:
         message = diag if diag.startswith("permission denied") else f"permission denied: {diag}"
         fix = "connect as the sink's role (the owner of the sqlsink schema) or a superuser"
         return message, fix, EXIT_ERROR
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return f"the sqlsink commit log is incomplete: {_diag(exc)}", SCHEMA_FIX, EXIT_ERROR
-    if isinstance(exc, psycopg.OperationalError):
-        message = f"lost the connection to PostgreSQL: {_diag(exc)}"
+    if failed.fault is DriverFault.UNDEFINED_TABLE:
+        message = f"the sqlsink commit log is incomplete: {diag}"
+        return message, database.schema_fix, EXIT_ERROR
+    if failed.fault in (DriverFault.CONNECTION, DriverFault.QUERY_CANCELED):
+        message = f"lost the connection to {database.name}: {diag}"
         return message, "run the command again: recovery is idempotent", EXIT_ERROR
-    if isinstance(exc, psycopg.Error):
-        return f"PostgreSQL error: {_diag(exc)}", None, EXIT_ERROR
-    return None
+    return f"{database.name} error: {diag}", None, EXIT_ERROR
 
 
 def _broken_pipe() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: let it go nowhere
     return EXIT_WARN
-
-
-def _diag(exc: psycopg.Error) -> str:
-    return (exc.diag.message_primary or str(exc)).strip()

@@ -34,17 +34,7 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_of_checkpoint,
 )
-from sqlsink.cli.recover_lost import (
-    Decider,
-    Evidence,
-    RecordedCheckpoint,
-    evidence,
-    lost_batches,
-    recorded_checkpoint,
-    requests,
-    undecided_prepared,
-    unsure_batches,
-)
+from sqlsink.cli.recover_lost import Decider, RecordedCheckpoint, recorded_checkpoint, requests
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
@@ -55,17 +45,13 @@ from sqlsink.cli.recover_report import (
     sink_warnings,
     unknown_sink_warning,
 )
+from sqlsink.core.admin import AdminSession, RoleInfo, SinkRow
+from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, evidence, recover_scope
 from sqlsink.core.recovery import Done, Fenced
 from sqlsink.core.recovery import Recovery as SinkProcedure
 from sqlsink.core.resolution import Action, Scope, Why
-from sqlsink.postgres import run_registry
-from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import decisions as pg_decisions
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import roles as pg_roles
-from sqlsink.postgres.survey import sessions as pg_sessions
 
 PROGRESS_EVERY = 100
 
@@ -81,15 +67,15 @@ RESULT: dict[Done, ActionResult] = {
 class Recovery:
     """One run of the command: its flags, its session, and each sink's recovery."""
 
-    conn: Connection
+    conn: AdminSession
     out: Output
-    me: pg_roles.RoleInfo
+    me: RoleInfo
     sink_id: str | None  # --sink-id, or the sink of the checkpoint's query; None: every sink
     dry_run: bool
     force: bool
     run_ids: list[str]  # --run-id: the runs --force declares dead (of sink_id)
     lock_timeout: float
-    bound: dict[str, pg_decisions.SinkRow]  # every sink of the database, with its query
+    bound: dict[str, SinkRow]  # every sink of the database, with its query
     checkpoint: Checkpoint | None = None  # --checkpoint (of sink_id)
     decided: list[int] = field(default_factory=list)  # decided by --commit-lost/--mark-skipped
     rollback_undecided: list[int] = field(default_factory=list)  # --rollback-undecided
@@ -101,10 +87,10 @@ class Recovery:
     total: int = 0  # prepared transactions to finish, for the progress notes
     done: int = 0  # ... and those finished so far
     finished: dict[str, ActionResult] = field(default_factory=dict)  # what each action did
-    backend: PostgresBackend = field(init=False)
+    backend: TwoPhaseBackend = field(init=False)
 
     def __post_init__(self) -> None:
-        self.backend = PostgresBackend(self.conn)
+        self.backend = self.conn.two_phase()
 
     def resolve(self) -> None:
         """Survey and plan each sink, then act on those whose lock this session holds."""
@@ -129,7 +115,7 @@ class Recovery:
 
     def _sinks_with_leftovers(self) -> list[str]:
         """Every sink with a prepared gid in this database, or an incomplete decision."""
-        found = {d.sink_id for d in pg_decisions.incomplete_decisions(self.conn)}
+        found = {d.sink_id for d in self.conn.incomplete_decisions()}
         for txn in self.backend.prepared(None):
             gid = Gid.parse(txn.gid)
             if gid is not None and txn.database == self.backend.database:
@@ -140,9 +126,7 @@ class Recovery:
 
     def _prepare(self, sink: SinkRecovery) -> None:
         """Fence the named runs (--force), take the sink's lock, read its runs, plan."""
-        sink.sessions = pg_sessions.sink_sessions(
-            pg_sessions.sqlsink_sessions(self.conn), sink.sink_id
-        )
+        sink.sessions = self.conn.sink_sessions(self.conn.sqlsink_sessions(), sink.sink_id)
         sink.named = list(self.run_ids) if sink.sink_id == self.sink_id else []
         recovery = SinkProcedure(self.backend, sink.sink_id)
         if self.dry_run:
@@ -211,23 +195,21 @@ class Recovery:
         named by --rollback-undecided."""
         proof = self._evidence(sink.sink_id)
         sink.checkpoint_read = None if proof.checkpoint is None else str(proof.checkpoint.path)
-        sink.lost_decisions = lost_batches(self.backend, sink.sink_id, proof)
-        lost = frozenset(b.batch_id for b in sink.lost_decisions)
-        if live is None:
-            live = frozenset(run for _, run in self.backend.live_runs(sink.sink_id))
-        highest = self.backend.highest_decided(sink.sink_id)
-        unsure: frozenset[int] = frozenset()
-        if proof.checkpoint is None and sink.bound_query is not None:
-            named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
-            unsure = unsure_batches(
-                undecided_prepared(self.backend, sink.sink_id, highest),
-                lost | frozenset(named),
-                live,
-                {r.run_id: r.aborted_batch for r in sink.runs},
-                frozenset(sink.named),
-            )
+        named = set(self.rollback_undecided) if sink.sink_id == self.sink_id else set()
+        found = recover_scope(  # core/lost.py: the scope; what is printed stays here
+            self.backend,
+            sink.sink_id,
+            proof,
+            streaming=sink.bound_query is not None,
+            live=live,
+            aborted={r.run_id: r.aborted_batch for r in sink.runs},
+            rollback_undecided=frozenset(named),
+            forced=frozenset(sink.named),
+        )
+        sink.lost_decisions = found.lost
+        if found.unsure_kept:
             sink.unread = self._recorded(sink.sink_id).why_unread()
-        sink.scope = Scope.everything(live, lost, unsure, highest)
+        sink.scope = found.scope
         return sink.scope
 
     def check_rollback_undecided(self) -> None:
@@ -258,8 +240,8 @@ class Recovery:
 
     def _survey_runs(self, sink: SinkRecovery, treat_as_dead: Collection[str] = ()) -> None:
         """The sink's runs; those live (and not named dead) keep their gids."""
-        sink.runs = run_registry.runs(self.conn, sink.sink_id)
-        sink.ends = run_registry.run_ends(self.conn, sink.sink_id)
+        sink.runs = self.conn.runs(sink.sink_id)
+        sink.ends = self.conn.run_ends(sink.sink_id)
         sink.treated_live = [r for r in sink.runs if r.live and r.run_id not in treat_as_dead]
 
     def _fence(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
@@ -288,7 +270,7 @@ class Recovery:
 
         sink.lock_busy = not recovery.lock_free()
         if sink.lock_busy:
-            sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
+            sink.holders = self.conn.lock_holders(sink.sink_id)
         sink.plan = recovery.plan(scope())
         sink.lost = confirmed_losses(self.conn, sink.plan)
         sink.status = "planned" if sink.to_do() else "nothing to do"
@@ -302,7 +284,7 @@ class Recovery:
 
         def waiting() -> None:
             sink.lock_busy = True
-            sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id)
+            sink.holders = self.conn.lock_holders(sink.sink_id)
             self.out.note(
                 f"sqlsink recover: sink {sink.sink_id}: waiting up to {self.lock_timeout:g}s "
                 f"for the sink's lock ({sink.evidence()})"
@@ -315,7 +297,7 @@ class Recovery:
         sink.plan = recovery.plan(self._scope(sink))
         if sink.locked:
             return True
-        sink.holders = pg_sessions.lock_holders(self.conn, sink.sink_id) or sink.holders
+        sink.holders = self.conn.lock_holders(sink.sink_id) or sink.holders
         self._refuse(
             sink,
             f"the sink's lock is still held after {self.lock_timeout:g}s "
@@ -433,7 +415,7 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
     with open_connection(args.url, "recover", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
-        bound = pg_decisions.sinks(conn)
+        bound = conn.sinks()
         sink_id: str | None = args.sink_id
         if sink_id is None and checkpoint is not None:
             sink_id = sink_of_checkpoint(conn, checkpoint, bound, me.database)
@@ -466,9 +448,9 @@ def run(args: argparse.Namespace, out: Output, doc: RecoverDocument) -> int:
         return _report(recovery, checkpoint, doc)
 
 
-def _check_named_runs(conn: Connection, sink_id: str, run_ids: list[str]) -> None:
+def _check_named_runs(conn: AdminSession, sink_id: str, run_ids: list[str]) -> None:
     """Every --run-id must be a run of the sink: a typo fences nothing, and says so."""
-    known = run_registry.runs(conn, sink_id)
+    known = conn.runs(sink_id)
     unknown = [r for r in run_ids if r not in {k.run_id for k in known}]
     if unknown:
         listed = ", ".join(f"{k.run_id} ({k.state})" for k in known[:10]) or "none"
@@ -480,7 +462,7 @@ def _check_named_runs(conn: Connection, sink_id: str, run_ids: list[str]) -> Non
 
 
 def _check_known_sink(
-    conn: Connection, sink_id: str, bound: dict[str, pg_decisions.SinkRow], database: str
+    conn: AdminSession, sink_id: str, bound: dict[str, SinkRow], database: str
 ) -> None:
     """A decision only for a sink the commit log knows (a row in sqlsink.sinks, or a
     prepared transaction here): a mistyped id would otherwise get decisions of its own."""
@@ -488,7 +470,7 @@ def _check_known_sink(
         (gid := Gid.parse(txn.gid)) is not None
         and gid.sink_id == sink_id
         and txn.database == database
-        for txn in pg_prepared.all_prepared(conn)
+        for txn in conn.all_prepared()
     ):
         return
     by_case: dict[str, list[str]] = {}
@@ -516,7 +498,7 @@ def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocum
     """The warnings, the human report and the document; the exit code."""
     conn, out, sink_id, sinks = recovery.conn, recovery.out, recovery.sink_id, recovery.sinks
     database = recovery.me.database
-    now = pg_prepared.server_now(conn)
+    now = conn.server_now()
     finished = recovery.finished
     actions = all_actions(conn, sinks, finished, recovery.backend.database, sink_id, now)
     lost = [(sink.sink_id, batch, gid) for sink in sinks for batch, gid in sink.lost]

@@ -18,18 +18,14 @@ from sqlsink.cli.contract import (
     CheckpointLevel,
 )
 from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.core.admin import AdminSession, RoleInfo, SinkRow
 from sqlsink.core.gid import Gid
-from sqlsink.postgres import commit_log
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import decisions as pg_decisions
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import roles as pg_roles
 
 
 def sink_of_checkpoint(
-    conn: Connection,
+    conn: AdminSession,
     checkpoint: Checkpoint,
-    bound: dict[str, pg_decisions.SinkRow],
+    bound: dict[str, SinkRow],
     database: str,
 ) -> str:
     """The sink the checkpoint's query writes (``--checkpoint`` without ``--sink-id``): the
@@ -50,7 +46,7 @@ def sink_of_checkpoint(
         )
     row = bound.get(query)
     if row is not None and row.query_id is None:
-        binding = commit_log.binding(conn, query)
+        binding = conn.binding(query)
         if binding is not None and binding.kind == "unknown":  # registered, not yet bound
             return query
     elif row is None and _prepared_here(conn, query):
@@ -63,14 +59,14 @@ def sink_of_checkpoint(
     )
 
 
-def known_sinks(conn: Connection, bound: dict[str, pg_decisions.SinkRow], most: int = 20) -> str:
+def known_sinks(conn: AdminSession, bound: dict[str, SinkRow], most: int = 20) -> str:
     """The sinks of the commit log, each with what it is bound to (at most ``most``)."""
     shown = []
     for sink_id, row in list(bound.items())[:most]:
         if row.query_id is not None:
             shown.append(f"{sink_id} (query {row.query_id})")
         else:
-            binding = commit_log.binding(conn, sink_id)
+            binding = conn.binding(sink_id)
             kind = binding.kind if binding is not None else "unknown"
             shown.append(f"{sink_id} ({'a batch load' if kind == 'load' else 'not bound yet'})")
     more = f" and {len(bound) - most} more (sqlsink status lists them)" if len(bound) > most else ""
@@ -78,11 +74,11 @@ def known_sinks(conn: Connection, bound: dict[str, pg_decisions.SinkRow], most: 
 
 
 def check_checkpoint_binding(
-    conn: Connection,
+    conn: AdminSession,
     checkpoint: Checkpoint,
     sink_id: str,
-    bound: dict[str, pg_decisions.SinkRow],
-    me: pg_roles.RoleInfo,
+    bound: dict[str, SinkRow],
+    me: RoleInfo,
 ) -> None:
     """Refuse a checkpoint of another query than the one the sink is bound to, and one
     given for a sink bound to a batch load (no query: no checkpoint is its)."""
@@ -92,7 +88,7 @@ def check_checkpoint_binding(
     if row.query_id is not None:
         holder = f"streaming query {row.query_id}"
     else:
-        binding = commit_log.binding(conn, sink_id)
+        binding = conn.binding(sink_id)
         if binding is None or binding.kind != "load":
             return  # not bound yet: its first decision binds it
         holder = binding.describe()
@@ -106,17 +102,17 @@ def check_checkpoint_binding(
 
 
 def relate_checkpoint(
-    conn: Connection,
+    conn: AdminSession,
     checkpoint: Checkpoint,
     sink_id: str,
-    bound: dict[str, pg_decisions.SinkRow],
+    bound: dict[str, SinkRow],
     warnings: list[Notice],
 ) -> CheckpointJson:
     """Each batch of the checkpoint against the commit log; its problems as warnings."""
     known = set(checkpoint.offsets) | checkpoint.commits
     oldest = min(known) if known else 0
-    decisions = pg_decisions.decisions_from(conn, sink_id, oldest)
-    summary = pg_decisions.batch_summary(conn, sink_id)
+    decisions = conn.decisions_from(sink_id, oldest)
+    summary = conn.batch_summary(sink_id)
     prepared = _prepared_here(conn, sink_id)
     states = {
         b: DecisionState(
@@ -153,11 +149,11 @@ def relate_checkpoint(
     }
 
 
-def _prepared_here(conn: Connection, sink_id: str) -> dict[str, Gid]:
+def _prepared_here(conn: AdminSession, sink_id: str) -> dict[str, Gid]:
     """The sink's prepared gids in this database."""
-    database = str(conn.info.dbname)
+    database = conn.database()
     prepared: dict[str, Gid] = {}
-    for txn in pg_prepared.all_prepared(conn):
+    for txn in conn.all_prepared():
         gid = Gid.parse(txn.gid)
         if gid is not None and gid.sink_id == sink_id and txn.database == database:
             prepared[txn.gid] = gid

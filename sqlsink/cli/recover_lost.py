@@ -21,96 +21,19 @@ unless the evidence holds; each refusal says why and changes nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.core.admin import AdminSession, RoleInfo
+from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, LostBatch, stranger_gids, undecided_prepared
 from sqlsink.core.model import NewDecision, PreparedTransaction
 from sqlsink.errors import ConfigError
-from sqlsink.postgres import checkpoint_records, run_registry
-from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import roles as pg_roles
 
 RUNBOOK = "see the runbook's 'Data loss' (docs/operations/runbook.md)"
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What shows that Spark committed a batch (went past it) although it has no decision."""
-
-    checkpoint: Checkpoint | None
-    recorded: frozenset[int]  # batches a commit of a later batch reported lost
-    aborted_up_to: int | None  # the highest batch Spark aborted (it ran that far)
-    # the checkpoint was not given but read where the query's runs recorded it
-    from_record: bool = False
-    # when each run registered (seconds since the epoch), and the runs whose commit or
-    # abort is the evidence, by batch: a run registered after them re-ran the batch
-    seen: Mapping[str, float] = field(default_factory=dict)
-    checkers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # recorded K lost
-    aborts: Mapping[str, int] = field(default_factory=dict)  # run -> the batch it aborted
-
-    def stranger(self, batch: int, run_id: str) -> bool:
-        """Whether ``run_id``'s gids of ``batch`` cannot be the lost copy the evidence is
-        about: without a checkpoint, a run registered after every run whose commit or abort
-        showed that Spark committed the batch (the original run registered before them: it
-        prepared the batch before Spark committed it) re-ran it after a rewind; a run the
-        registry does not know is not shown to be the original either."""
-        if self.checkpoint is not None or not self.seen:
-            return False
-        runs = {*self.checkers.get(batch, ()), *(r for r, a in self.aborts.items() if a > batch)}
-        witnesses = [self.seen[r] for r in runs if r in self.seen]
-        mine = self.seen.get(run_id)
-        return mine is None or not witnesses or mine > max(witnesses)
-
-    def why(self, batch: int) -> str | None:
-        """Why batch ``batch`` was committed by Spark; None when nothing shows it."""
-        if self.checkpoint is not None:  # the checkpoint, when read, is the authority
-            if batch in self.checkpoint.commits:
-                where = (
-                    f" (the checkpoint this sink's query recorded ({self.checkpoint.path}), "
-                    "read by this command)"
-                    if self.from_record
-                    else ""
-                )
-                return f"Spark's checkpoint records it as committed (commits/{batch}){where}"
-            return None
-        if batch in self.recorded:
-            return "a commit of a later batch found its decision missing"
-        if self.aborted_up_to is not None and batch < self.aborted_up_to:
-            return (
-                f"Spark ran batch {self.aborted_up_to} (and aborted it), which it does only "
-                f"after committing batch {batch}"
-            )
-        return None
-
-
-def evidence(
-    conn: Connection, sink_id: str, checkpoint: Checkpoint | None, from_record: bool = False
-) -> Evidence:
-    checks = [
-        row
-        for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
-        if row.verdict == "loss"
-    ]
-    recorded = {b for row in checks for b in row.lost}
-    runs = run_registry.runs(conn, sink_id)
-    aborted = [r.aborted_batch for r in runs if r.aborted_batch is not None]
-    checkers: dict[int, set[str]] = defaultdict(set)
-    for row in checks:
-        for b in row.lost:
-            checkers[b].add(row.run_id)
-    return Evidence(
-        checkpoint,
-        frozenset(recorded),
-        max(aborted, default=None),
-        from_record,
-        {r.run_id: r.first_seen.timestamp() for r in runs},
-        {b: frozenset(w) for b, w in checkers.items()},
-        {r.run_id: r.aborted_batch for r in runs if r.aborted_batch is not None},
-    )
 
 
 @dataclass(frozen=True)
@@ -133,14 +56,16 @@ class RecordedCheckpoint:
         )
 
 
-def recorded_checkpoint(conn: Connection, sink_id: str, query_id: str | None) -> RecordedCheckpoint:
+def recorded_checkpoint(
+    conn: AdminSession, sink_id: str, query_id: str | None
+) -> RecordedCheckpoint:
     """Read the newest checkpoint location the sink's runs recorded, if it is readable from
     here (a local path, a ``file:`` URI, or what ``pyarrow.fs`` reads) and is the bound
     query's."""
     location = next(
         (
             row.location
-            for row in checkpoint_records.checkpoint_checks(conn, sink_id, limit=50)
+            for row in conn.checkpoint_checks(sink_id, limit=50)
             if row.location is not None
         ),
         None,
@@ -158,87 +83,6 @@ def recorded_checkpoint(conn: Connection, sink_id: str, query_id: str | None) ->
             f"it belongs to query {read.query_id}, and the sink is bound to query {query_id}",
         )
     return RecordedCheckpoint(location, read, None)
-
-
-@dataclass(frozen=True)
-class LostBatch:
-    """An undecided batch above the highest decided one that Spark went past."""
-
-    batch_id: int
-    gids: tuple[str, ...]  # its prepared transactions in this database
-    why: str
-
-
-def undecided_prepared(
-    backend: PostgresBackend, sink_id: str, highest: int | None
-) -> dict[int, list[PreparedTransaction]]:
-    """The sink's prepared transactions in this database of batches above ``highest``."""
-    found: dict[int, list[PreparedTransaction]] = defaultdict(list)
-    for txn in backend.prepared(sink_id):
-        gid = Gid.parse(txn.gid)
-        if gid is None or gid.sink_id != sink_id or txn.database != backend.database:
-            continue
-        if highest is None or gid.batch_id > highest:
-            found[gid.batch_id].append(txn)
-    return dict(sorted(found.items()))
-
-
-def unsure_batches(
-    undecided: Mapping[int, list[PreparedTransaction]],
-    settled: frozenset[int],
-    live: frozenset[str],
-    aborted: Mapping[str, int | None],
-    forced: frozenset[str],
-) -> frozenset[int]:
-    """The undecided batches (above the highest decided one) of a streaming sink that Spark
-    may have committed, when no checkpoint was read: all but those ``settled`` (lost, or
-    named by --rollback-undecided), a batch a live run has prepared and any later one
-    (Spark is running it), and a batch whose every gid is of a run that recorded its
-    abort of that batch or of a run --force --run-id declared dead."""
-    running = min(
-        (
-            b
-            for b, txns in undecided.items()
-            for t in txns
-            if (g := Gid.parse(t.gid)) is not None and g.run_id in live
-        ),
-        default=None,
-    )
-
-    def maybe_committed(batch: int) -> bool:
-        return any(
-            (g := Gid.parse(t.gid)) is not None
-            and aborted.get(g.run_id) != batch
-            and g.run_id not in forced
-            for t in undecided[batch]
-        )
-
-    return frozenset(
-        b
-        for b in undecided
-        if b not in settled and (running is None or b < running) and maybe_committed(b)
-    )
-
-
-def lost_batches(backend: PostgresBackend, sink_id: str, proof: Evidence) -> list[LostBatch]:
-    """The batches whose prepared transactions ``recover`` must leave (read under the lock)."""
-    highest = backend.highest_decided(sink_id)
-    lost = []
-    for batch, txns in undecided_prepared(backend, sink_id, highest).items():
-        why = proof.why(batch)
-        if why is not None and not _strangers(proof, batch, txns):
-            lost.append(LostBatch(batch, tuple(sorted(t.gid for t in txns)), why))
-    return lost
-
-
-def _strangers(proof: Evidence, batch: int, txns: list[PreparedTransaction]) -> dict[str, str]:
-    """The gids of ``batch`` (gid -> run) that cannot be its lost copy (``Evidence.stranger``):
-    a batch with any is not taken for a lost one (a re-run's leftovers after a rewind)."""
-    return {
-        t.gid: g.run_id
-        for t in txns
-        if (g := Gid.parse(t.gid)) is not None and proof.stranger(batch, g.run_id)
-    }
 
 
 def lost_notice(sink_id: str, lost: LostBatch, out: Output, dry_run: bool) -> Notice:
@@ -279,10 +123,10 @@ def requests(commit_lost: Iterable[int], mark_skipped: Iterable[int]) -> list[Re
 class Decider:
     """Checks and writes the requested decisions, in batch order, under the sink's lock."""
 
-    backend: PostgresBackend
+    backend: TwoPhaseBackend
     sink_id: str
     query_id: str | None  # the streaming query the sink is bound to
-    me: pg_roles.RoleInfo
+    me: RoleInfo
     proof: Evidence
     ended: list[int] = field(default_factory=list)  # fenced runs' lock holders it ended
 
@@ -424,7 +268,7 @@ class Decider:
     def _check_original(self, batch: int, txns: list[PreparedTransaction]) -> None:
         """Without a checkpoint, the gids must be of a run that started before what shows
         that Spark committed the batch: a later run's are a re-run's, maybe partial."""
-        strangers = _strangers(self.proof, batch, txns)
+        strangers = stranger_gids(self.proof, batch, txns)
         if not strangers:
             return
         why = self.proof.why(batch)

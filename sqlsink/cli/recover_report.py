@@ -29,8 +29,10 @@ from sqlsink.cli.output import (
     format_age,
     session_json,
 )
-from sqlsink.cli.recover_lost import LostBatch, lost_notice
+from sqlsink.cli.recover_lost import lost_notice
 from sqlsink.cli.runs import describe, end_json, prepared_by_run, run_json, timeout_text
+from sqlsink.core.admin import AdminSession, RunEnd, RunInfo, Session
+from sqlsink.core.lost import LostBatch
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import (
     Action,
@@ -41,10 +43,6 @@ from sqlsink.core.resolution import (
     plan_resolution,
     sentence,
 )
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.run_registry import RunEnd, RunInfo
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import sessions as pg_sessions
 
 
 @dataclass
@@ -55,8 +53,8 @@ class SinkRecovery:
     bound_query: str | None
     locked: bool = False  # this session holds the sink's lock now
     lock_busy: bool = False  # another session held it when we tried
-    holders: list[pg_sessions.Session] = field(default_factory=list)
-    sessions: list[pg_sessions.Session] = field(default_factory=list)  # evidence only
+    holders: list[Session] = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)  # evidence only
     runs: list[RunInfo] = field(default_factory=list)  # the registry, newest first
     ends: dict[str, RunEnd] = field(default_factory=dict)  # runs' ends their drivers recorded
     treated_live: list[RunInfo] = field(default_factory=list)  # their gids are left
@@ -141,7 +139,7 @@ def _elsewhere(action: PlannedAction) -> bool:
 
 
 def all_actions(
-    conn: Connection,
+    conn: AdminSession,
     sinks: list[SinkRecovery],
     finished: Mapping[str, ActionResult],
     database: str,
@@ -154,7 +152,7 @@ def all_actions(
         for action in sink.plan.actions if sink.plan else []:
             if action.prepared.gid not in seen or action.action is not Action.LEAVE:
                 seen[action.prepared.gid] = action
-    rest = [t for t in pg_prepared.all_prepared(conn) if t.gid not in seen]
+    rest = [t for t in conn.all_prepared() if t.gid not in seen]
     # the others: labelled by the same rule, which leaves whatever is not the sink's
     others = plan_resolution(rest, {}, database=database, sink_id=sink_id, scope=Scope.everything())
     for action in others.actions:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 
 from sqlsink.cli.contract import RunEndJson, RunJson, RunState
 from sqlsink.cli.output import Output, format_age, format_time, table
+from sqlsink.core.admin import RunEnd, RunInfo
 from sqlsink.core.gid import Gid
-from sqlsink.postgres.run_registry import RunEnd, RunInfo
 
 NEWEST_SHOWN = 3  # status shows a sink's newest runs besides its live ones and those with gids
 

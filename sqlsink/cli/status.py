@@ -51,47 +51,42 @@ from sqlsink.cli.status_json import (
 )
 from sqlsink.cli.status_report import SinkStatus, print_others, print_status
 from sqlsink.cli.status_state import failed_notice, in_doubt_notice, leftover_notice, verdict
+from sqlsink.core.admin import AdminSession, ConsistentView, DecisionRow, Session, SinkRow
+from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.committer import Committer
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import PreparedTransaction
 from sqlsink.core.resolution import Scope
-from sqlsink.postgres import checkpoint_records, run_registry
-from sqlsink.postgres import views as pg_views
-from sqlsink.postgres.backend import PostgresBackend
-from sqlsink.postgres.connection import Connection
-from sqlsink.postgres.survey import decisions as pg_decisions
-from sqlsink.postgres.survey import prepared as pg_prepared
-from sqlsink.postgres.survey import sessions as pg_sessions
 
 
 @dataclass
 class StatusScan:
     """What every sink's survey needs; the warnings found so far."""
 
-    conn: Connection
-    backend: PostgresBackend
+    conn: AdminSession
+    backend: TwoPhaseBackend
     out: Output
     now: datetime
     max_age: float
     batches: int  # how many recent batches per sink
-    sessions: list[pg_sessions.Session]  # every sqlsink session of the database
+    sessions: list[Session]  # every sqlsink session of the database
     warnings: list[Notice] = field(default_factory=list)
-    views: list[pg_views.ViewInfo] = field(default_factory=list)  # every consistent view
+    views: list[ConsistentView] = field(default_factory=list)  # every consistent view
 
     def sink(
         self,
         sink_id: str,
-        row: pg_decisions.SinkRow | None,
+        row: SinkRow | None,
         prepared: list[tuple[PreparedTransaction, Gid]],
     ) -> SinkStatus:
         """One sink: its commit log, its runs, its open gids, data loss; warnings."""
         conn = self.conn
-        summary = pg_decisions.batch_summary(conn, sink_id)
-        recent = pg_decisions.recent_decisions(conn, sink_id, self.batches)  # --batches >= 1
-        incomplete = pg_decisions.incomplete_decisions(conn, sink_id)
-        live_sessions = pg_sessions.sink_sessions(self.sessions, sink_id)
-        holders = pg_sessions.lock_holders(conn, sink_id)
-        runs = run_registry.runs(conn, sink_id)
+        summary = conn.batch_summary(sink_id)
+        recent = conn.recent_decisions(sink_id, self.batches)  # --batches >= 1
+        incomplete = conn.incomplete_decisions(sink_id)
+        live_sessions = conn.sink_sessions(self.sessions, sink_id)
+        holders = conn.lock_holders(sink_id)
+        runs = conn.runs(sink_id)
         # data loss: the core's own list of decided gids to verify, read-only, confirmed twice
         lost = confirmed_losses(conn, Committer(self.backend, sink_id).plan(Scope.everything()))
         by_run = {r.run_id: r for r in runs}
@@ -104,15 +99,15 @@ class StatusScan:
         hidden = self._hidden(sink_id, prepared, bool(views))
         counts = prepared_by_run(gid for _, gid in prepared)
         live_runs = [r for r in runs if r.live]
-        ends = run_registry.run_ends(conn, sink_id)
+        ends = conn.run_ends(sink_id)
         connected = len(live_sessions) + len(holders)
         if incomplete and connected:  # self.sessions predates the decisions: read again
-            fresh = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)
+            fresh = conn.sink_sessions(conn.sqlsink_sessions(), sink_id)
             connected = len(fresh) + len(holders)
         found = verdict(runs, ends, prepared_docs, incomplete, connected, self.now)
         if found.in_doubt is not None:  # the sessions again, read after the decisions
-            again = pg_decisions.incomplete_decisions(conn, sink_id)
-            now_connected = pg_sessions.sink_sessions(pg_sessions.sqlsink_sessions(conn), sink_id)
+            again = conn.incomplete_decisions(sink_id)
+            now_connected = conn.sink_sessions(conn.sqlsink_sessions(), sink_id)
             found = verdict(runs, ends, prepared_docs, again, len(now_connected), self.now)
         if found.in_doubt is not None:
             run = by_run[found.in_doubt["run_id"]]
@@ -138,7 +133,7 @@ class StatusScan:
         doc: StatusSinkJson = {
             "sink_id": sink_id,
             "bound_query_id": row.query_id if row else None,
-            "tables": pg_decisions.sink_tables(self.conn, sink_id),
+            "tables": self.conn.sink_tables(sink_id),
             "bound_at": row.bound_at if row else None,
             "decisions": summary.decisions,
             "last_decided_batch": summary.last_decided,
@@ -171,11 +166,9 @@ class StatusScan:
     def _checkpoint_check(self, sink_id: str) -> CheckpointCheckJson | None:
         """The newest run's checkpoint check (schema 4 on); a loss is an error, an
         unverified checkpoint a warning (docs/DESIGN.md invariant 9)."""
-        if pg_decisions.schema_version(self.conn) < 4:
+        if self.conn.schema_version() < 4:
             return None
-        checks = [
-            c for c in checkpoint_records.checkpoint_checks(self.conn, sink_id, 1) if c.newest
-        ]
+        checks = [c for c in self.conn.checkpoint_checks(sink_id, 1) if c.newest]
         if not checks:
             return None
         c = checks[0]
@@ -221,7 +214,7 @@ class StatusScan:
     ) -> list[HiddenBatchJson]:
         """The sink's batches committed in part (invariant 13): what its consistent views
         hide now, and what a reader of the bare table sees as part of a batch."""
-        found = pg_views.hidden_batches(self.conn, sink_id)
+        found = self.conn.hidden_batches(sink_id)
         if not found:
             return []
         pairs = [(sink_id, h.batch_id) for h in found]
@@ -301,7 +294,7 @@ class StatusScan:
         self,
         sink_id: str,
         prepared: list[PreparedJson],
-        incomplete: list[pg_decisions.DecisionRow],
+        incomplete: list[DecisionRow],
         lost: list[tuple[int, str]],
     ) -> None:
         """Old prepared gids, decisions left incomplete, data loss."""
@@ -409,17 +402,17 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
     with open_connection(args.url, "status", args.password_command) as conn:
         me = identify(conn, doc)
         require_schema(conn, me)
-        backend = PostgresBackend(conn)
-        now = pg_prepared.server_now(conn)
+        backend = conn.two_phase()
+        now = conn.server_now()
         doc["server_time"] = now
-        rows = pg_decisions.sinks(conn)
-        prepared = pg_prepared.all_prepared(conn)
-        incomplete = pg_decisions.incomplete_decisions(conn, args.sink_id)
+        rows = conn.sinks()
+        prepared = conn.all_prepared()
+        incomplete = conn.incomplete_decisions(args.sink_id)
         ours, others = sort_prepared(prepared, me.database, args.sink_id)
         names = sink_names(rows, ours, incomplete, args.sink_id, me.database)
-        sessions = pg_sessions.sqlsink_sessions(conn)
+        sessions = conn.sqlsink_sessions()
         scan = StatusScan(conn, backend, out, now, args.max_age, args.batches, sessions)
-        scan.views = pg_views.find_views(conn)
+        scan.views = conn.consistent_views()
         header(out, "status", me, f", server time {format_time(now)}")
         sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
         print_status(out, sinks, detailed=args.sink_id is not None)

@@ -15,21 +15,20 @@ from sqlsink.cli.contract import (
     RecentBatchJson,
 )
 from sqlsink.cli.output import CliError, Notice, format_age
+from sqlsink.core.admin import ConsistentView, DecisionRow, SinkRow
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import BatchFigures, PreparedTransaction
 from sqlsink.core.resolution import Scope, Why, sentence, whose
-from sqlsink.postgres import views as pg_views
-from sqlsink.postgres.survey import decisions as pg_decisions
 
 Ours = dict[str, list[tuple[PreparedTransaction, Gid]]]  # sink id -> its prepared gids here
 Others = list[tuple[PreparedTransaction, Why]]  # with the reason it is not ours
 
 
-def view_json(v: pg_views.ViewInfo) -> ConsistentViewJson:
+def view_json(v: ConsistentView) -> ConsistentViewJson:
     return {"view": str(v.view), "table": v.table, "owner": v.owner}
 
 
-def recent_json(d: pg_decisions.DecisionRow) -> RecentBatchJson:
+def recent_json(d: DecisionRow) -> RecentBatchJson:
     return {
         "batch_id": d.batch_id,
         "rows": d.rows,
@@ -52,7 +51,7 @@ def figures_json(figures: BatchFigures) -> BatchFiguresJson:
     return cast(BatchFiguresJson, figures.to_json())
 
 
-def last_batch_json(d: pg_decisions.DecisionRow | None) -> LastBatchJson | None:
+def last_batch_json(d: DecisionRow | None) -> LastBatchJson | None:
     """The sink's newest decision (``d``), with its figures and the line said from them."""
     if d is None:
         return None
@@ -81,9 +80,9 @@ def sort_prepared(
 
 
 def sink_names(
-    rows: dict[str, pg_decisions.SinkRow],
+    rows: dict[str, SinkRow],
     ours: Ours,
-    incomplete: list[pg_decisions.DecisionRow],
+    incomplete: list[DecisionRow],
     sink_id: str | None,
     database: str,
 ) -> set[str]:

@@ -15,8 +15,7 @@ from datetime import datetime, timedelta
 from sqlsink.cli.contract import InDoubtJson, PreparedJson, RunEndJson, SinkState
 from sqlsink.cli.output import Notice, Output, format_age, format_time
 from sqlsink.cli.runs import end_json, timeout_text
-from sqlsink.postgres.run_registry import RunEnd, RunInfo
-from sqlsink.postgres.survey.decisions import DecisionRow
+from sqlsink.core.admin import DecisionRow, RunEnd, RunInfo
 
 # a live run is QUIET when not heard from for longer than this many of its batch
 # intervals (plus QUIET_SLACK_S); with no interval known yet, for a third of its timeout

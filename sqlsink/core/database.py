@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from sqlsink.core.admin import AdminSession, DriverError
 from sqlsink.errors import ConfigError
 
 
@@ -35,6 +36,20 @@ class Database(Protocol):
 
     @property
     def capabilities(self) -> frozenset[Capability]: ...
+
+    # the CLI's (sqlsink.core.admin)
+    def open_admin(self, url: str, command: str, password_command: str | None) -> AdminSession:
+        """A command's session (``command``: its name in the server's application_name)."""
+        ...
+
+    def driver_error(self, exc: BaseException) -> DriverError | None:
+        """The driver's error as the CLI tells it apart; None for any other exception."""
+        ...
+
+    @property
+    def schema_fix(self) -> str:
+        """How to install the commit log's schema, for the error that says it is missing."""
+        ...
 
 
 def require(database: Database, capability: Capability, wanted_by: str) -> None:

@@ -8,9 +8,8 @@ which ``sqlsink status`` shows.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
-from datetime import datetime
 
+from sqlsink.core.admin import CheckpointCheckRow
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.postgres.connection import Connection
 
@@ -61,20 +60,6 @@ def record_checkpoint_check(
         "checkpoint_checked_at = clock_timestamp() WHERE sink_id = %s AND run_id = %s",
         (verdict.kind, verdict.detail, list(verdict.lost), location, batch_id, sink_id, run_id),
     )
-
-
-@dataclass(frozen=True)
-class CheckpointCheckRow:
-    """One run's checkpoint check, for ``sqlsink status``."""
-
-    run_id: str
-    newest: bool  # the sink's newest run (not superseded)
-    verdict: str  # verified | loss | unverified | off
-    detail: str
-    lost: tuple[int, ...]  # batches Spark committed that the log lacks
-    location: str | None
-    batch_id: int | None  # the batch whose commit ran the check
-    checked_at: datetime
 
 
 def checkpoint_checks(conn: Connection, sink_id: str, limit: int = 5) -> list[CheckpointCheckRow]:

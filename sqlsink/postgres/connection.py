@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
-from sqlsink.conninfo import params_of, redact, scheme_problem, shown
-from sqlsink.credentials import PasswordSource, known_passwords
+from sqlsink.conninfo import (
+    params_of,
+    redact,
+    scheme_problem,
+    secrets_of,
+    shown,
+)
+from sqlsink.credentials import PasswordSource
 from sqlsink.errors import ConfigError, TransientError
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -41,33 +45,6 @@ def conninfo(url: str, password: str | None = None) -> str:
     for name, value in BOUNDED_WAITS.items():  # unless the URL says otherwise
         params.setdefault(name, value)
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})
-
-
-def without_password(url: str) -> tuple[str, bool]:
-    """The connection string with any password left out (not masked: a fix line must be
-    pasteable, the password then comes from PGPASSWORD or ~/.pgpass); whether one was."""
-    if "://" in url:
-        bare = re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1@", url)
-        bare = re.sub(r"([?&])password=[^&#]*&?", r"\1", bare, flags=re.IGNORECASE)
-        bare = re.sub(r"[?&]$", "", bare)
-    else:
-        pattern = r"\s*\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"
-        bare = re.sub(pattern, "", url, flags=re.IGNORECASE).strip()
-    return bare, bare != url
-
-
-def secrets_of(url: str, password: Password = None) -> list[str]:
-    """The connection's secrets: its passwords, and every password a password command or
-    provider returned in this process."""
-    found = [password] if isinstance(password, str) and password else []
-    found += sorted(known_passwords(), key=len, reverse=True)
-    try:
-        params: Mapping[str, object] = conninfo_to_dict(url.removeprefix("jdbc:"))
-    except psycopg.ProgrammingError:
-        return found
-    if value := params.get("password"):
-        found.append(str(value))
-    return found
 
 
 def scrub(text: str, url: str, password: Password = None) -> str:

@@ -7,9 +7,9 @@ incomplete decision (invariant 8): it is what the log is there to finish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from sqlsink.core.admin import Forgotten
 from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError
 from sqlsink.postgres import commit_log
@@ -39,16 +39,6 @@ def prune_decisions(conn: Connection, sink_id: str, through: int) -> int:
 
 
 # -- forgetting a retired sink (invariant 8: no advice may erase an incomplete decision) ---
-
-
-@dataclass(frozen=True)
-class Forgotten:
-    decisions: int
-    first_batch: int | None
-    last_batch: int | None
-    writer: str | None = None  # what the sink was bound to: 'stream', 'load' (or None)
-    known: bool = True  # the log had anything of the sink (a sinks or runs row, a decision)
-    others: tuple[str, ...] = ()  # when not known: the sinks the log knows (the first 20)
 
 
 def forget_sink(conn: Connection, sink_id: str) -> Forgotten:

@@ -10,11 +10,10 @@ recovery, forget and the CLI judge alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from datetime import datetime
 
 import psycopg
 
+from sqlsink.core.admin import RunEnd, RunInfo
 from sqlsink.core.model import Binding
 from sqlsink.postgres.commit_log import binding_of
 from sqlsink.postgres.connection import Connection
@@ -168,29 +167,6 @@ WHERE (%(sink)s::text IS NULL OR r.sink_id = %(sink)s::text)
 """
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    """A run of a sink as the registry knows it (``sqlsink.runs``), judged as ``RUNS_SQL`` does."""
-
-    sink_id: str
-    run_id: str
-    first_seen: datetime
-    heartbeat_at: datetime  # last heard from: registered, or prepared within its runTimeout
-    heartbeat_age_s: float
-    run_timeout_s: float  # the runTimeout it registered with
-    batch_interval_s: float | None  # the longest of its last three gaps between decisions
-    timeout_s: float  # live while heard from within this: max(runTimeout, 3 x interval)
-    superseded_at: datetime | None
-    superseded_by: str | None  # a newer run's id, or 'operator' (sqlsink recover --force)
-    aborted_batch: int | None
-    live: bool
-
-    @property
-    def state(self) -> str:
-        """'fenced' (superseded), 'live', or 'dead' (timed out, or a batch aborted)."""
-        return "fenced" if self.superseded_at is not None else "live" if self.live else "dead"
-
-
 def runs(conn: Connection, sink_id: str | None) -> list[RunInfo]:
     """Every run of the sink (of every sink for None), the most recently seen first."""
     rows = conn.execute(
@@ -237,16 +213,6 @@ def fence_runs(conn: Connection, sink_id: str, run_ids: Collection[str]) -> list
 
 END_ERROR_MAX = 300  # characters of the error's first line kept
 END_TIMEOUT = "5s"  # statement_timeout and lock_timeout of the end's statement
-
-
-@dataclass(frozen=True)
-class RunEnd:
-    """How a run ended, as its driver's listener recorded it (spark/listener.py)."""
-
-    run_id: str
-    ended_at: datetime
-    how: str  # 'stopped' or 'failed'
-    error: str | None  # the error's first line (failed), bounded and scrubbed
 
 
 def has_run_ends(conn: Connection) -> bool:

@@ -272,7 +272,7 @@ def test_a_killed_drivers_pooled_session_is_not_ended_as_its_runs_holder_for_rec
         """recover holds the sink lock (a slow step, a Ctrl-Z) while run 2's task waits."""
         locked = take_lock(self, *args)
         assert locked and not seen
-        pid = server_pid(self.conn)  # type: ignore[arg-type]
+        pid = server_pid(self.conn.conn)  # type: ignore[attr-defined]  # PostgresAdmin's
         try:
             task.resolve_leftovers("run-2", 1)
             seen.append((pid, None))

@@ -25,7 +25,7 @@ from sqlsink.cli.output import Output
 from sqlsink.cli.status import StatusScan
 from sqlsink.cli.status_json import sort_prepared
 from sqlsink.postgres import appnames, run_registry
-from sqlsink.postgres.backend import PostgresBackend
+from sqlsink.postgres.admin import PostgresAdmin
 from sqlsink.postgres.survey import decisions as pg_decisions
 from sqlsink.postgres.survey import prepared as pg_prepared
 from sqlsink.postgres.survey import sessions as pg_sessions
@@ -66,7 +66,8 @@ def test_a_committer_gone_after_the_sessions_were_read_leaves_the_run_in_doubt(
             committer.close()  # ... and its driver is killed before the sink is surveyed
             out = Output(False, pg_url, io.StringIO(), io.StringIO())
             now = pg_prepared.server_now(conn)
-            scan = StatusScan(conn, PostgresBackend(conn), out, now, 3600.0, 5, sessions)
+            admin = PostgresAdmin(conn)
+            scan = StatusScan(admin, admin.two_phase(), out, now, 3600.0, 5, sessions)
             database = str(conn.execute("SELECT current_database()").fetchone()[0])  # type: ignore[index]
             ours, _ = sort_prepared(pg_prepared.all_prepared(conn), database, sink)
             status = scan.sink(sink, pg_decisions.sinks(conn).get(sink), ours.get(sink, []))

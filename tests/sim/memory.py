@@ -1066,7 +1066,7 @@ class MemoryBackend:
         return True
 
     def loss_evidence(self, sink_id: str) -> tuple[frozenset[int], int | None]:
-        """``recover_lost.evidence`` without a checkpoint: the batches the sink's 50 most
+        """``core.lost.evidence`` without a checkpoint: the batches the sink's 50 most
         recent checkpoint checks found lost, and the highest batch Spark aborted."""
         self._call(f"checkpoint checks and runs of {sink_id}")
         runs = [r for (s, _), r in self._log.runs.items() if s == sink_id]

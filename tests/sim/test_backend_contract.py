@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
@@ -26,6 +27,7 @@ from psycopg import sql
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, RecoverScope, recover_scope
 from sqlsink.core.model import (
     BatchFigures,
     Binding,
@@ -782,3 +784,49 @@ def test_acquire_sink_lock_ends_a_fenced_holder_after_its_wait(
     assert take.held and take.waited and len(take.ended) == 1
     assert harness.lost(a)
     b.unlock_sink(sink)
+
+
+@dataclass(frozen=True)
+class Commits:
+    """Spark's checkpoint as the evidence reads it (``core.lost.CommittedBatches``)."""
+
+    path: str
+    commits: frozenset[int]
+
+
+def test_recover_scope_leaves_a_lost_batch_and_keeps_the_unsure_ones(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """``core.lost.recover_scope`` (``sqlsink recover``'s scope, out of the CLI): above the
+    highest decided batch 0, batch 1 that Spark went past is lost (its gids left), and batch
+    2 is unsure when no checkpoint was read for a streaming sink, unless named by
+    --rollback-undecided; with a checkpoint read nothing is unsure."""
+    sink = sinks[0]
+    decided, lost, later = gid(sink, 0), gid(sink, 1), gid(sink, 2)
+    for g in (decided, lost, later):
+        harness.prepare(g)
+    b = harness.session()
+    assert b.insert_decision(NewDecision(sink, 0, (decided,), 1, "q1", "r1"))
+
+    def scope_of(proof: Evidence, named: frozenset[int] = frozenset()) -> RecoverScope:
+        return recover_scope(
+            b,
+            sink,
+            proof,
+            streaming=True,
+            live=frozenset(),
+            aborted={},
+            rollback_undecided=named,
+            forced=frozenset(),
+        )
+
+    read = scope_of(Evidence(Commits("ckpt", frozenset({0, 1})), frozenset(), None))
+    assert [(x.batch_id, x.gids) for x in read.lost] == [(1, (lost,))]
+    assert "commits/1" in read.lost[0].why
+    assert not read.unsure_kept
+    assert read.scope == Scope.everything(frozenset(), frozenset({1}), frozenset(), 0)
+    recorded = scope_of(Evidence(None, frozenset({1}), None))  # a later commit found 1 missing
+    assert [x.batch_id for x in recorded.lost] == [1] and recorded.unsure_kept
+    assert recorded.scope == Scope.everything(frozenset(), frozenset({1}), frozenset({2}), 0)
+    named = scope_of(Evidence(None, frozenset({1}), None), frozenset({2}))
+    assert named.scope == Scope.everything(frozenset(), frozenset({1}), frozenset(), 0)

@@ -60,14 +60,8 @@ from typing import Any
 
 from sqlsink.checkpoint.parse import Checkpoint
 from sqlsink.cli.output import CliError
-from sqlsink.cli.recover_lost import (
-    Decider,
-    Evidence,
-    lost_batches,
-    requests,
-    undecided_prepared,
-    unsure_batches,
-)
+from sqlsink.cli.recover_lost import Decider, requests
+from sqlsink.core.admin import RoleInfo
 from sqlsink.core.checkpoint_check import (
     CheckpointCheck,
     CheckpointMode,
@@ -77,12 +71,12 @@ from sqlsink.core.checkpoint_check import (
 from sqlsink.core.committer import Committer
 from sqlsink.core.faults import ENV as FAULTS_ENV
 from sqlsink.core.gid import Gid
+from sqlsink.core.lost import Evidence, lost_batches, undecided_prepared, unsure_batches
 from sqlsink.core.model import PartitionOutcome, TaskIdentity
 from sqlsink.core.participant import Participant, task_gid
 from sqlsink.core.resolution import Scope
 from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError, SinkBindingError, SqlsinkError
-from sqlsink.postgres.survey.roles import RoleInfo
 from sqlsink.spark.driver_token import run_token
 from tests.sim.checks import KNOWN, Checker
 from tests.sim.memory import ConnectionLost, MemoryBackend, Server, SqlError

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from sqlsink.conninfo import secrets_of
 from sqlsink.credentials import PasswordProviderError, PasswordSource
 from sqlsink.errors import ConfigError
 from sqlsink.options import SinkOptions
-from sqlsink.postgres.connection import auth_failed, scrub, secrets_of
+from sqlsink.postgres.connection import auth_failed, scrub
 
 SECRET = "Sup3r-secret-pw"
 

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from sqlsink.conninfo import redact
+from sqlsink.conninfo import redact, without_password
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id, parse_duration
-from sqlsink.postgres.connection import conninfo, scrub, without_password
+from sqlsink.postgres.connection import conninfo, scrub
 from sqlsink.tablename import TableName
 
 

@@ -71,6 +71,7 @@ a pure fallback), ``fixes`` (``describe_source``, ``fix_statement``), ``duration
 
 from __future__ import annotations
 
+from sqlsink.core.admin import Finding
 from sqlsink.postgres.checks.at_start import (
     Measured,
     Verdict,
@@ -111,7 +112,6 @@ from sqlsink.postgres.checks.model import (
     SYNC_REP,
     TIMEOUTS,
     WARNING,
-    Finding,
     ServerSettings,
     Setting,
 )

@@ -8,8 +8,9 @@ import time
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
+from sqlsink.core.admin import Finding
 from sqlsink.errors import ConfigError
-from sqlsink.postgres.checks.model import DEFAULT_SAFETY_FACTOR, ERROR, OK, Finding
+from sqlsink.postgres.checks.model import DEFAULT_SAFETY_FACTOR, ERROR, OK
 from sqlsink.postgres.checks.reading import read_settings
 from sqlsink.postgres.checks.rules import analyse, prepared_slots
 from sqlsink.postgres.connection import Connection

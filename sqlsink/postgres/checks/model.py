@@ -29,18 +29,6 @@ SETTINGS = ("max_prepared_transactions", *TIMEOUTS, *SYNC_REP, *CONNECTIONS)
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One verdict on one setting; the same fields as a finding of ``sqlsink check``."""
-
-    level: str  # "error" | "warning" | "ok"
-    setting: str  # e.g. "idle_in_transaction_session_timeout"
-    value: str  # as PostgreSQL shows it (SHOW), e.g. "5s", "0"
-    source: str  # "server (postgresql.conf)", "default", "database shop", "role app", ...
-    message: str  # why it matters to the sink, naming the quantity it was compared with
-    fix: str | None = None  # the exact statement, at the level the value comes from
-
-
-@dataclass(frozen=True)
 class Setting:
     """A row of pg_settings, as the reading session sees it."""
 

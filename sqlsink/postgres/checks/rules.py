@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sqlsink.core.admin import Finding
 from sqlsink.postgres.checks.durations import (
     Required,
     format_seconds,
@@ -17,7 +18,6 @@ from sqlsink.postgres.checks.model import (
     OK,
     SINK_LOCK_TIMEOUT_DEFAULT,
     WARNING,
-    Finding,
     ServerSettings,
     Setting,
 )

@@ -2,59 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-
+from sqlsink.core.admin import BatchSummary, DecisionRow, SinkRow
 from sqlsink.core.model import BatchFigures
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version
-
-
-@dataclass(frozen=True)
-class SinkRow:
-    sink_id: str
-    query_id: str | None
-    created_at: datetime
-    bound_at: datetime
-
-
-@dataclass(frozen=True)
-class DecisionRow:
-    sink_id: str
-    batch_id: int
-    gids: tuple[str, ...]
-    rows: int
-    decided_at: datetime
-    completed_at: datetime | None
-    query_id: str | None
-    run_id: str | None
-    first_write_at: datetime | None = None
-    commit_ms: float | None = None
-    orphans: int | None = None
-    figures: BatchFigures | None = None  # schema version 9 on; None before, or not recorded
-
-    def rows_per_second(self) -> float | None:
-        """Throughput: rows over the time from the first write to the decision."""
-        if self.first_write_at is None:
-            return None
-        seconds = (self.decided_at - self.first_write_at).total_seconds()
-        return self.rows / seconds if seconds > 0 else None
-
-    def lag_seconds(self) -> float | None:
-        """From the batch's first write until all of it was visible (complete)."""
-        if self.first_write_at is None or self.completed_at is None:
-            return None
-        return (self.completed_at - self.first_write_at).total_seconds()
-
-
-@dataclass(frozen=True)
-class BatchSummary:
-    decisions: int
-    first_decided: int | None
-    last_decided: int | None
-    last_complete: int | None
-    incomplete: int
-
 
 # figures through the row's JSON: NULL where the column is missing (before version 9,
 # or while the upgrade to it is deferred)

@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from sqlsink.core.admin import RoleInfo
 from sqlsink.postgres.connection import Connection
-
-
-@dataclass(frozen=True)
-class RoleInfo:
-    role: str
-    superuser: bool
-    database: str
-    server_version: str
-    server_version_num: int
 
 
 def role_info(conn: Connection) -> RoleInfo:

@@ -6,21 +6,15 @@ a check by writing one more such function."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import psycopg
 
+from sqlsink.core.admin import CheckContext, RoleInfo
 from sqlsink.postgres import views
 from sqlsink.postgres.checks import Finding, check_server
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version, latest_version, sql_dir
-from sqlsink.postgres.survey.roles import RoleInfo, role_info
-
-
-@dataclass(frozen=True)
-class CheckContext:
-    trigger_interval_s: float | None = None  # the query's trigger interval, when given
-    partitions: int | None = None  # the partitions of a batch, when given
+from sqlsink.postgres.survey.roles import role_info
 
 
 def readable_version(conn: Connection) -> int | None:

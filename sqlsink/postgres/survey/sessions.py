@@ -3,35 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
-from datetime import datetime
 
+from sqlsink.core.admin import Session
 from sqlsink.postgres import appnames
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.locks import lock_ids
-
-
-@dataclass(frozen=True)
-class Session:
-    pid: int
-    application_name: str
-    user: str | None
-    client: str | None
-    state: str | None
-    backend_start: datetime | None
-    xact_start: datetime | None
-
-    def describe(self) -> str:
-        where = f" from {self.client}" if self.client else ""
-        since = (
-            f", connected {self.backend_start:%Y-%m-%d %H:%M:%S%z}" if self.backend_start else ""
-        )
-        return (
-            f"pid {self.pid} {self.application_name!r} (role {self.user}{where}, "
-            f"{self.state or 'unknown state'}{since})"
-        )
-
 
 _SESSION_COLUMNS = (
     "a.pid, a.application_name, a.usename::text, host(a.client_addr), a.state, "

@@ -36,6 +36,7 @@ reads its tables with its owner's rights.
 
 from __future__ import annotations
 
+from sqlsink.core.admin import HiddenBatch
 from sqlsink.postgres.views.definition import (
     FORMAT,
     SCHEMA_VERSION,
@@ -59,7 +60,7 @@ from sqlsink.postgres.views.keeping import (
     sql_name,
 )
 from sqlsink.postgres.views.rewrites import check_rewrite, rewrite_refusal, sharing_rows, shown_by
-from sqlsink.postgres.views.status import HiddenBatch, ViewInfo, find_views, hidden_batches
+from sqlsink.postgres.views.status import ViewInfo, find_views, hidden_batches
 from sqlsink.postgres.views.triggers import Trigger
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlsink.core.admin import HiddenBatch
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.schema import installed_version
 from sqlsink.postgres.views.definition import SCHEMA_VERSION, parse_comment
@@ -41,17 +42,6 @@ def find_views(conn: Connection, sink_id: str | None = None) -> list[ViewInfo]:
                 ViewInfo(TableName(schema, name), mark.sink_id, mark.table, owner, mark.format)
             )
     return found
-
-
-@dataclass(frozen=True)
-class HiddenBatch:
-    """A batch with committed partitions that the sink's consistent views hide now."""
-
-    batch_id: int
-    partitions: int  # committed partitions hidden (their markers are visible)
-    rows: int
-    of_partitions: int | None  # the partitions its decision names (None: no decision)
-    complete: bool  # decided complete (or its decision is gone), its markers kept
 
 
 def hidden_batches(conn: Connection, sink_id: str) -> list[HiddenBatch]:
