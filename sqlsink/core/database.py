@@ -7,9 +7,12 @@ database only through these interfaces (the layers' contract in pyproject.toml).
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sqlsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlsink.core.loading import Loading
 
 
 class Capability(enum.Enum):
@@ -35,6 +38,11 @@ class Database(Protocol):
 
     @property
     def capabilities(self) -> frozenset[Capability]: ...
+
+    def loading(self) -> Loading:
+        """The Spark adapters' interface (planning, the partition writer, the committer's
+        backend); cheap to get, its methods import what they need when called."""
+        ...
 
 
 def require(database: Database, capability: Capability, wanted_by: str) -> None:
