@@ -20,6 +20,7 @@ from sqlsink.core.checkpoint_check import CheckpointLedger
 if TYPE_CHECKING:
     from sqlsink.core.backend import ViewKeeper
     from sqlsink.core.model import Decision, PartitionOutcome, TaskIdentity
+    from sqlsink.errors import ConfigError
 
 # The sink's options (sqlsink.options.SinkOptions), a table's name
 # (sqlsink.tablename.TableName) and a write mode (sqlsink.options.Mode), as the adapters
@@ -142,9 +143,10 @@ class Loading(Protocol):
         ``exactly_once``), the commit log's schema in place."""
         ...
 
-    def check_slots(self, options: SinkOptions, partitions: int) -> None:
-        """Refuse (ConfigError) a batch of more partitions than the server can keep
-        prepared at once."""
+    def slots_refusal(self, options: SinkOptions, partitions: int) -> ConfigError | None:
+        """The refusal of a batch of more partitions than the server can keep prepared at
+        once (its context names the setting and its value), None when they fit; an
+        error reaching the server is raised."""
         ...
 
     def recheck_after_commit(

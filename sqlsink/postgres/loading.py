@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from sqlsink.core.loading import ColumnKind, SchemaChanges
     from sqlsink.core.loading import TargetPlan as AnyPlan
     from sqlsink.core.model import Decision, PartitionOutcome, TaskIdentity
+    from sqlsink.errors import ConfigError
     from sqlsink.options import Mode, SinkOptions
     from sqlsink.postgres.backend import PostgresBackend
     from sqlsink.postgres.evolution import Evolution
@@ -187,13 +188,18 @@ class PostgresLoading:
             require_prepared_transactions(conn)
         ensure_schema(conn)
 
-    def check_slots(self, options: SinkOptions, partitions: int) -> None:
+    def slots_refusal(self, options: SinkOptions, partitions: int) -> ConfigError | None:
+        from sqlsink.errors import ConfigError
         from sqlsink.postgres import appnames
         from sqlsink.postgres.checks import require_prepared_transactions
         from sqlsink.postgres.sessions import session
 
         with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
-            require_prepared_transactions(conn, partitions)
+            try:
+                require_prepared_transactions(conn, partitions)
+            except ConfigError as exc:
+                return exc
+        return None
 
     def recheck_after_commit(
         self,

@@ -115,11 +115,10 @@ def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: 
     total = before + partitions
     if total <= _SLOTS_OK.get(options.url, 0):  # the slots only change with a restart
         return partitions
-    try:
-        database_of(options).loading().check_slots(options, total)
-    except ConfigError as exc:
+    exc = database_of(options).loading().slots_refusal(options, total)
+    if exc is not None:
         if exc.context.get("value") == "0":
-            raise  # disabled: no partition count helps, the sentence says what does
+            raise exc  # disabled: no partition count helps, the sentence says what does
         raise ConfigError(
             f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
             + (f", after {before} of the batch's earlier DataFrames" if before else "")
