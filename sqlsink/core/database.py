@@ -7,10 +7,13 @@ database only through these interfaces (the layers' contract in pyproject.toml).
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sqlsink.core.admin import AdminSession, DriverError
 from sqlsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlsink.core.loading import Loading
 
 
 class Capability(enum.Enum):
@@ -51,11 +54,17 @@ class Database(Protocol):
         """How to install the commit log's schema, for the error that says it is missing."""
         ...
 
+    def loading(self) -> Loading:
+        """The Spark adapters' interface (planning, the partition writer, the committer's
+        backend); cheap to get, its methods import what they need when called."""
+        ...
+
 
 def require(database: Database, capability: Capability, wanted_by: str) -> None:
     """Refuse, before anything is written, what ``database`` cannot do."""
     if capability not in database.capabilities:
         raise ConfigError(
             f"{wanted_by} needs {capability.value}, which sqlsink's {database.name} backend "
-            f"does not have; turn {wanted_by} off for this database"
+            f"does not have; nothing was written. Use {wanted_by} with a database that has "
+            "it, or go without it on this one"
         )

@@ -23,7 +23,7 @@ from sqlsink.spark.identity import PROCESS_RUNS, Identity, in_stream
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
-    from sqlsink.postgres.evolution import Evolution
+    from sqlsink.core.loading import SchemaChanges
     from sqlsink.spark.plan import CommitterSession
 
 log = logging.getLogger("sqlsink")
@@ -192,7 +192,7 @@ class Batch:
             self.holding.setdefault(str(options.table), part)
         self.writer.warn_trap(self.batch_id, written)
 
-    def _refuse_changes(self, table: TableName, written_by: int, evolution: Evolution) -> None:
+    def _refuse_changes(self, table: TableName, written_by: int, evolution: SchemaChanges) -> None:
         """Part ``written_by`` of this batch prepared rows of ``table``: its transactions
         hold the table until the batch's own decision, so an ALTER of it now would wait
         for them until its lock wait gives up (and they are not a dead run's)."""
@@ -265,14 +265,12 @@ class Batch:
 
         assert self.identity is not None
         options = self.writer.sink_options("public.sqlsink_probe")
-        with CommitterSession(options, self.writer.sink_id) as committer:
+        session = CommitterSession(options, self.writer.sink_id)
+        with session as committer:
             backend, sink_id = committer.backend, self.writer.sink_id
-            from sqlsink.postgres.checks import require_prepared_transactions
-            from sqlsink.postgres.schema import ensure_schema
-
-            if options.semantic is Semantic.EXACTLY_ONCE:  # the first error, before any DDL
-                require_prepared_transactions(backend.conn)
-            ensure_schema(backend.conn)
+            session.loading.check_writer_start(
+                backend, exactly_once=options.semantic is Semantic.EXACTLY_ONCE
+            )
             highest = backend.highest_decided(sink_id)
             check_binding(
                 sink_id, backend.binding(sink_id), highest, Binding.of(self.identity.query_id)
@@ -403,7 +401,6 @@ class Batch:
 
     def _commit(self, options: SinkOptions, identity: Identity) -> None:
         from sqlsink import driver_log
-        from sqlsink.postgres.checks import check_after_commit
         from sqlsink.spark.plan import CommitterSession
 
         driver_log.install()  # the batch's line in the driver's log, unless logging is set up
@@ -428,8 +425,8 @@ class Batch:
                 )
                 self.committed = True  # decided: a later error loses nothing of it
                 writes = [o.prepared_at - o.started_at for o in self.outcomes if o and o.gid]
-                check_after_commit(
-                    committer.backend.conn,
+                session.loading.recheck_after_commit(
+                    committer.backend,
                     key=sink_id,
                     partitions=len(self.outcomes),
                     slowest_write_s=max(writes, default=None),

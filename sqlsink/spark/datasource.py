@@ -50,8 +50,8 @@ from sqlsink.spark.support import is_connect
 # the plan and the PostgreSQL driver are imported where a worker needs them
 # (tests/unit/test_worker_imports.py).
 if TYPE_CHECKING:
+    from sqlsink.core.loading import Loading, TargetPlan
     from sqlsink.options import SinkOptions
-    from sqlsink.postgres.target import TargetPlan
 
 log = logging.getLogger("sqlsink")
 
@@ -210,6 +210,13 @@ class _SinkWriter:
             self._target = plan_write(self.options, self.schema, self.check_key, self.sink_id)
         return self._target
 
+    def _loading(self) -> Loading:
+        """The database's interface (sqlsink.backends): light, its methods import what
+        they need when called."""
+        from sqlsink.backends import open_database
+
+        return open_database(self.options.url).loading()
+
     def __getstate__(self) -> dict[str, Any]:
         self.target  # noqa: B018 -- plan before the writer leaves the driver
         return dict(self.__dict__)
@@ -217,7 +224,6 @@ class _SinkWriter:
     def _write(
         self, iterator: Iterator[Any], batch_id: int, run_id: str, query_id: str | None
     ) -> SqlsinkCommitMessage:
-        from sqlsink.postgres.partition import write_partition
         from sqlsink.spark.task import current_task
 
         sink_id = self.sink_id or query_id
@@ -229,7 +235,7 @@ class _SinkWriter:
         task = current_task(sink_id, batch_id, run_id, query_id, writer_token=token)
         check_partition_cap(self.options, task.partition_id, batch_id)
         given = _Counted(iterator)
-        outcome = write_partition(self.options, self.target, task, given)
+        outcome = self._loading().write_partition(self.options, self.target, task, given)
         given.drain()
         return SqlsinkCommitMessage(outcome, input_rows=given.rows)
 
@@ -252,22 +258,21 @@ class _SinkWriter:
                 run_id=next((o.run_id for o in outcomes if o and o.run_id), None),
                 load=self.is_load,
             )
-            self._recheck_server(committer.backend.conn, sink_id, outcomes)
+            self._recheck_server(committer, sink_id, outcomes)
         check_key_ranges(self.writer_token or sink_id, sink_id, batch_id, outcomes)
         return sink_id
 
     def _recheck_server(
-        self, conn: Any, sink_id: str, outcomes: list[PartitionOutcome | None]
+        self, committer: Any, sink_id: str, outcomes: list[PartitionOutcome | None]
     ) -> None:
         """The server's timeouts and slots against this batch's partitions and slowest
         write, when either grew past what this process measured (logged when the verdict
         changes; otherwise the check before the batch already judged the same)."""
         from sqlsink.options import Semantic
-        from sqlsink.postgres.checks import check_after_commit
 
         writes = [o.prepared_at - o.started_at for o in outcomes if o is not None and o.gid]
-        check_after_commit(
-            conn,
+        self._loading().recheck_after_commit(
+            committer.backend,
             key=sink_id,
             partitions=len(outcomes),
             slowest_write_s=max(writes, default=None),
@@ -475,13 +480,10 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
         return self._write(iterator, batch_id=0, run_id=self.run_id, query_id=None)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        from sqlsink.postgres import commit_log
-
         if self.one_off:
             sink_id = self._commit(messages, 0)
             if sink_id is not None:
-                with self._connect() as conn:
-                    commit_log.forget_one_off_load(conn, sink_id)
+                self._loading().forget_one_off_load(self.options, sink_id)
             return
         before = self._decision()  # decided before this run's commit: a replay
         self._commit(messages, 0)
@@ -490,20 +492,9 @@ class SqlsinkBatchWriter(_SinkWriter, DataSourceArrowWriter):
             given = [m.input_rows for m in messages if isinstance(m, SqlsinkCommitMessage)]
             rerun(after, sum(n or 0 for n in given))
 
-    def _connect(self) -> Any:
-        from sqlsink.postgres import appnames
-        from sqlsink.postgres.connection import connect
-
-        url, password = self.options.url, self.options.password
-        return connect(url, password, application_name=appnames.ONE_OFF)
-
     def _decision(self) -> Decision | None:
         """A named load's one decision (batch 0), if any."""
-        from sqlsink.postgres import commit_log
-
-        sink = str(self.sink_id)
-        with self._connect() as conn:
-            return commit_log.decisions(conn, sink, [(sink, 0)]).get((sink, 0))
+        return self._loading().load_decision(self.options, str(self.sink_id))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages, 0, self.run_id)

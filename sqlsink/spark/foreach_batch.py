@@ -34,7 +34,7 @@ with ``checkpoint_location=``, the query stopped): ``wrap`` leaves none.
 The rules are ``sqlsink/core/writer_batch.py``'s.
 
 Each DataFrame of a batch (a *part*) is written by one Spark job: ``mapInArrow``
-runs the partition writer (``sqlsink.postgres.partition.write_partition``) in
+runs the partition writer (the database's ``Loading.write_partition``) in
 every task, which prepares one transaction whose gid carries the part index, and
 yields its outcome (one small row); the driver collects the outcomes. When every
 part is prepared, the driver decides the batch once and commits it with the
@@ -56,7 +56,7 @@ query id the writer refuses.
 Consistent views (``view=`` per appended table, the data source's ``consistentView``):
 the committer keeps each view of the batch before its decision; every view of the sink
 hides the rows of its batches not yet complete, so views of several tables agree in any
-one snapshot (``sqlsink.postgres.views``).
+one snapshot (the PostgreSQL backend's consistent views).
 
 Here the writer's face (``to``, ``batch``, ``skip``, ``wrap``); one batch's block is
 ``spark/batch.py``, each DataFrame's shape and Spark job ``spark/parts.py``, who writes

@@ -118,15 +118,13 @@ class Heartbeat:
     def beat(self) -> None:
         """Register the run once, as its tasks do: a writer the sink refuses fences
         nobody (ConfigError), a fenced run is told so (FencedError)."""
+        from sqlsink.backends import open_database
         from sqlsink.core.committer import Committer
         from sqlsink.core.model import Binding
-        from sqlsink.postgres.backend import PostgresBackend
-        from sqlsink.postgres.sessions import session
 
         options = self.options
-        name = f"sqlsink {self.sink_id} heartbeat".encode()[:63].decode(errors="ignore")
-        with session(options.url, options.password, application_name=name) as conn:
-            backend = PostgresBackend(conn, options.lock_timeout_s)
+        loading = open_database(options.url).loading()
+        with loading.heartbeat_backend(options, self.sink_id) as backend:
             committer = Committer(backend, self.sink_id, run_timeout_s=options.run_timeout_s)
             committer.register(self.run_id, holds_lock=False, writer=Binding.of(self.query_id))
         self.beats += 1

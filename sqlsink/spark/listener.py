@@ -179,16 +179,13 @@ def first_line(error: str) -> str:
 
 def record(options: SinkOptions, sink_id: str, run_id: str, error: str | None) -> None:
     """One short statement from the driver; a failure is a warning, never raised."""
-    from sqlsink.postgres import run_registry
-    from sqlsink.postgres.connection import scrub
-    from sqlsink.postgres.sessions import session
+    from sqlsink.backends import open_database
 
+    loading = open_database(options.url).loading()
     how = "stopped" if error is None else "failed"
-    line = None if error is None else scrub(first_line(error), options.url, options.password)
-    name = f"sqlsink {sink_id} end".encode()[:63].decode(errors="ignore")
+    line = None if error is None else loading.scrub(first_line(error), options)
     try:
-        with session(options.url, options.password, application_name=name) as conn:
-            recorded = run_registry.record_end(conn, sink_id, run_id, how, line)
+        recorded = loading.record_run_end(options, sink_id, run_id, how, line)
     except Exception as exc:
         log.warning(
             "sqlsink %s: could not record that run %s %s (%s); sqlsink status judges it by "
@@ -196,7 +193,7 @@ def record(options: SinkOptions, sink_id: str, run_id: str, error: str | None) -
             sink_id,
             run_id,
             how,
-            scrub(str(exc), options.url, options.password),
+            loading.scrub(str(exc), options),
         )
         return
     log.info("sqlsink %s: run %s %s%s", sink_id, run_id, how, "" if recorded else " (not known)")

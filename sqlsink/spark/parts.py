@@ -13,7 +13,7 @@ from sqlsink.errors import ConfigError
 from sqlsink.options import Mode, SinkOptions
 
 if TYPE_CHECKING:
-    from sqlsink.postgres.target import TargetPlan
+    from sqlsink.core.loading import TargetPlan
     from sqlsink.spark.identity import Identity
 
 _OUTCOME_SCHEMA = "outcome binary"
@@ -105,9 +105,7 @@ def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: 
     refuse before any slot is taken. Returns this DataFrame's partition count (0 when
     unknown: then the tasks' own check, SQLSTATE 53200, remains)."""
     from sqlsink.options import Semantic
-    from sqlsink.postgres import appnames
-    from sqlsink.postgres.checks import require_prepared_transactions
-    from sqlsink.postgres.sessions import session
+    from sqlsink.spark.plan import database_of
 
     if count is None:
         return 0
@@ -117,19 +115,17 @@ def check_slots(count: int | None, options: SinkOptions, before: int, batch_id: 
     total = before + partitions
     if total <= _SLOTS_OK.get(options.url, 0):  # the slots only change with a restart
         return partitions
-    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
-        try:
-            require_prepared_transactions(conn, total)
-        except ConfigError as exc:
-            if exc.context.get("value") == "0":
-                raise  # disabled: no partition count helps, the sentence says what does
-            raise ConfigError(
-                f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
-                + (f", after {before} of the batch's earlier DataFrames" if before else "")
-                + f"), nothing written: {exc.message}; or write fewer partitions "
-                "(the option maxPartitions, or batch_df.coalesce(n))",
-                **exc.context,
-            ) from None
+    exc = database_of(options).loading().slots_refusal(options, total)
+    if exc is not None:
+        if exc.context.get("value") == "0":
+            raise exc  # disabled: no partition count helps, the sentence says what does
+        raise ConfigError(
+            f"batch {batch_id}: {total} partitions planned (this DataFrame's {partitions}"
+            + (f", after {before} of the batch's earlier DataFrames" if before else "")
+            + f"), nothing written: {exc.message}; or write fewer partitions "
+            "(the option maxPartitions, or batch_df.coalesce(n))",
+            **exc.context,
+        ) from None
     _SLOTS_OK[options.url] = total
     return partitions
 
@@ -155,11 +151,12 @@ def prepare_part(
     def prepare(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from sqlsink.postgres.partition import write_partition
+        from sqlsink.backends import open_database
         from sqlsink.spark.task import current_task
 
         task = current_task(sink_id, batch_id, run_id, query_id, part)
-        outcome = write_partition(options, target, task, batches)
+        loading = open_database(options.url).loading()
+        outcome = loading.write_partition(options, target, task, batches)
         yield pa.RecordBatch.from_pydict(
             {"outcome": [pickle.dumps(outcome)]}, schema=pa.schema([("outcome", pa.binary())])
         )

@@ -13,12 +13,34 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 
 from sqlsink.errors import ConfigError
-from sqlsink.options import Mode, SchemaEvolution, Semantic, SinkOptions
+from sqlsink.options import Mode, SchemaEvolution, SinkOptions
 from sqlsink.tablename import TableName
 
 if TYPE_CHECKING:
-    from sqlsink.postgres.evolution import Evolution
-    from sqlsink.postgres.target import TargetPlan
+    from sqlsink.core.database import Database
+    from sqlsink.core.loading import SchemaChanges, TargetPlan
+
+
+def database_of(options: SinkOptions) -> Database:
+    """The database ``options.url`` names (sqlsink.backends: no connection, no import of
+    a backend's heavy modules until its methods are called)."""
+    from sqlsink.backends import open_database
+
+    return open_database(options.url)
+
+
+def require_capabilities(database: Database, options: SinkOptions) -> None:
+    """Refuse, before anything is written, what the options ask of a database that
+    cannot do it."""
+    from sqlsink.core.database import Capability, require
+
+    require(database, Capability.BINARY_COPY, "the sink's load")
+    if options.mode is Mode.UPSERT:
+        require(database, Capability.UPSERT, "mode=upsert")
+    if options.schema_evolution is not SchemaEvolution.NONE:
+        require(database, Capability.SCHEMA_EVOLUTION, "schemaEvolution")
+    if options.consistent_view is not None:
+        require(database, Capability.CONSISTENT_VIEW, "consistentView")
 
 
 def plan_write(
@@ -27,66 +49,29 @@ def plan_write(
     key: str,
     sink_id: str | None = None,
     *,
-    before_changes: Callable[[Evolution], None] | None = None,
+    before_changes: Callable[[SchemaChanges], None] | None = None,
 ) -> TargetPlan:
-    """Before any data: the server's settings (``key`` names whose warnings these are), the
-    commit log, the view's refusals (the target's triggers; an upsert or replace into a
-    table that a view of the sink shows), and the target table matched against ``schema``.
+    """Before any data: what the database must be able to do for the options, the
+    server's settings (``key`` names whose warnings these are), the commit log, the
+    view's refusals (the target's triggers; an upsert or replace into a table that a view
+    of the sink shows), and the target table matched against ``schema``.
     ``before_changes``: the caller's refusal of a schema change (the foreachBatch writer's
     of a table an earlier part of the batch wrote), after the view's."""
-    from sqlsink.postgres import appnames
-    from sqlsink.postgres.checks import check_at_start
-    from sqlsink.postgres.planning_errors import in_sinks_words
-    from sqlsink.postgres.schema import ensure_schema, ensure_schema_version
-    from sqlsink.postgres.sessions import session
-    from sqlsink.postgres.target import plan_target
     from sqlsink.spark.types import arrow_schema, column_type, table_columns
 
-    with (
-        session(options.url, options.password, application_name=appnames.PLANNER) as conn,
-        in_sinks_words(conn, options.url, options.table, options.create_table),
-    ):
-        # server settings: an error stops here, before any data; warnings are logged once
-        # per worker and again only when the verdict changes
-        check_at_start(
-            conn,
-            key=key,
-            partitions=options.max_partitions,  # the most a batch may have (None: unknown)
-            exactly_once=options.semantic is Semantic.EXACTLY_ONCE,
-        )
-        ensure_schema(conn)
-        view = options.consistent_view
-        # the views' module is imported only where a view can matter (an upsert or a
-        # replace, a view of the sink's own): an append's planning worker needs none of it
-        if options.mode is not Mode.APPEND:
-            from sqlsink.postgres.views import check_rewrite
-
-            # an upsert or replace into a table one of the sink's views shows: before the job
-            owner = sink_id or options.sink_id  # the foreachBatch writer's is in its options
-            where = f"sink {owner}" if owner else f"table {options.table}"
-            check_rewrite(conn, options.table, options.mode, owner, where)
-        if view is not None:  # the tasks' markers must record their xid (schema 5)
-            from sqlsink.postgres import views
-
-            why = f"option consistentView={view}"
-            ensure_schema_version(conn, views.SCHEMA_VERSION, why=why)
-        create = table_columns(schema) if options.create_table else None
-        arrow = arrow_schema(schema)
-        evolving = options.schema_evolution is not SchemaEvolution.NONE  # its types: lazily
-        types = (lambda name: column_type(schema[name].dataType, name)) if evolving else None
-
-        def check_changes(evolution: Evolution) -> None:
-            if view is not None:  # a view's refusals come before a schema change too
-                views.check_before_writing(conn, view, options.table, sink_id)
-            if before_changes is not None:
-                before_changes(evolution)
-
-        plan = plan_target(
-            conn, options, schema.fieldNames(), create, arrow, types, before_changes=check_changes
-        )
-        if view is not None:  # refusals before any data; the committer creates the view
-            views.check_before_writing(conn, view, options.table, sink_id)
-        return plan
+    database = database_of(options)
+    require_capabilities(database, options)
+    create = (lambda: table_columns(schema, database)) if options.create_table else None
+    return database.loading().plan(
+        options,
+        key=key,
+        sink_id=sink_id,
+        field_names=schema.fieldNames(),
+        create_columns=create,
+        arrow_schema=lambda: arrow_schema(schema),
+        column_type=lambda name: column_type(schema[name].dataType, name, database),
+        before_changes=before_changes,
+    )
 
 
 def check_part(
@@ -112,7 +97,7 @@ def check_part(
         shown = _shown(options, table, views)
         if shown is not None:
             where = f"sink {sink_id}: batch {batch_id}, part {part}"
-            text = _rewrite_refusal(where, table, mode, shown, views[shown])
+            text = _rewrite_refusal(options, where, table, mode, shown, views[shown])
             raise ConfigError(
                 f"{text}. An earlier part of this batch gives the view; nothing of the "
                 "batch is committed",
@@ -122,7 +107,7 @@ def check_part(
         for written, (written_part, written_mode) in rewritten.items():
             if _shown(options, written, {view: table}) is not None:
                 where = f"sink {sink_id}: batch {batch_id}, part {written_part}"
-                text = _rewrite_refusal(where, written, written_mode, view, table)
+                text = _rewrite_refusal(options, where, written, written_mode, view, table)
                 raise ConfigError(
                     f"{text}. Part {part} of this batch gives the view {view} of "
                     f"table {table}; nothing of the batch is committed",
@@ -140,21 +125,18 @@ def _shown(
     for view, viewed in views.items():
         if viewed == table:
             return view
-    from sqlsink.postgres import appnames
-    from sqlsink.postgres.sessions import session
-    from sqlsink.postgres.views import quoted, sharing_rows
-
-    with session(options.url, options.password, application_name=appnames.PLANNER) as conn:
-        related = sharing_rows(conn, table)
-    return next((v for v, viewed in views.items() if quoted(viewed) in related), None)
+    return database_of(options).loading().view_sharing_rows(options, table, views)
 
 
 def _rewrite_refusal(
-    where: str, table: TableName, mode: Mode, view: TableName, viewed: TableName
+    options: SinkOptions,
+    where: str,
+    table: TableName,
+    mode: Mode,
+    view: TableName,
+    viewed: TableName,
 ) -> str:
-    from sqlsink.postgres.views import quoted, rewrite_refusal
-
-    return rewrite_refusal(where, table, mode, str(view), quoted(viewed))
+    return database_of(options).loading().rewrite_refusal(where, table, mode, view, viewed)
 
 
 class CommitterSession:
@@ -187,17 +169,10 @@ class CommitterSession:
 
     def __enter__(self) -> Any:
         from sqlsink.core.committer import Committer
-        from sqlsink.postgres import appnames
-        from sqlsink.postgres.backend import PostgresBackend
-        from sqlsink.postgres.sessions import session
 
-        self._session = session(
-            self.options.url,
-            self.options.password,
-            application_name=appnames.committer(self.sink_id),
-        )
-        self.conn = self._session.__enter__()
-        backend = PostgresBackend(self.conn, self.options.lock_timeout_s)
+        self.loading = loading = database_of(self.options).loading()
+        self._session = loading.committer_backend(self.options, self.sink_id)
+        backend = self._session.__enter__()
         check = None
         if self.check_checkpoint:
             from sqlsink.checkpoint.parse import checkpoint_policy
@@ -207,10 +182,8 @@ class CommitterSession:
             entry = EntryPoint.FOREACH_BATCH if self.foreach_batch else EntryPoint.DATA_SOURCE
             check = CheckpointCheck(backend, replace(policy, entry=entry))
         consistent = None
-        if self.views:  # imported only by a sink with views
-            from sqlsink.postgres.views import ConsistentViews
-
-            consistent = ConsistentViews(backend, self.views)
+        if self.views:
+            consistent = loading.consistent_views(backend, self.views)
         return Committer(
             backend,
             self.sink_id,

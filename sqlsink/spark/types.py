@@ -1,5 +1,6 @@
-"""Spark SQL types: the PostgreSQL column each is created as (createTable), and the
-Arrow type Spark sends it as (for the target's type check before any data)."""
+"""Spark SQL types: the column each is created as (createTable, schema evolution; the
+database makes its type from the Spark type's :class:`~sqlsink.core.loading.ColumnKind`),
+and the Arrow type Spark sends it as (for the target's type check before any data)."""
 
 from __future__ import annotations
 
@@ -11,49 +12,67 @@ from pyspark.sql import types as T
 from sqlsink.errors import ConfigError
 
 if TYPE_CHECKING:
-    import sqlalchemy as sa
+    from sqlsink.core.database import Database
+    from sqlsink.core.loading import ColumnKind
+
+_KINDS: dict[type[T.DataType], str] = {
+    T.BooleanType: "boolean",
+    T.ByteType: "int8",
+    T.ShortType: "int16",
+    T.IntegerType: "int32",
+    T.LongType: "int64",
+    T.FloatType: "float32",
+    T.DoubleType: "float64",
+    T.StringType: "string",
+    T.BinaryType: "binary",
+    T.DateType: "date",
+    T.TimestampNTZType: "timestamp",
+    T.TimestampType: "timestamptz",
+}
 
 
-def column_type(data_type: T.DataType, column: str) -> Any:
-    """The PostgreSQL column type a Spark type is created as (see docs/reference/types.md)."""
-    import sqlalchemy as sa  # DDL only: createTable (its import costs ~0.1 s a process)
-    from sqlalchemy.dialects import postgresql as pg
+def column_kind(data_type: T.DataType, column: str, database: Database) -> ColumnKind:
+    """The logical type of a Spark type, for the database to make a column of."""
+    from sqlsink.core.loading import ColumnKind
 
-    simple: dict[type[T.DataType], Any] = {
-        T.BooleanType: sa.Boolean,
-        T.ByteType: sa.SmallInteger,
-        T.ShortType: sa.SmallInteger,
-        T.IntegerType: sa.Integer,
-        T.LongType: sa.BigInteger,
-        T.FloatType: sa.REAL,
-        T.DoubleType: pg.DOUBLE_PRECISION,
-        T.StringType: sa.Text,
-        T.BinaryType: pg.BYTEA,
-        T.DateType: sa.Date,
-        T.TimestampNTZType: lambda: pg.TIMESTAMP(timezone=False),
-        T.TimestampType: lambda: pg.TIMESTAMP(timezone=True),
-    }
-    for spark_type, factory in simple.items():
+    for spark_type, name in _KINDS.items():
         if isinstance(data_type, spark_type):
-            return factory()
+            return ColumnKind(name)
     if isinstance(data_type, T.DecimalType):
-        return sa.Numeric(data_type.precision, data_type.scale)
-    # an array of arrays has none: PostgreSQL's arrays do not nest (int[][] is int[])
-    if isinstance(data_type, T.ArrayType) and not isinstance(data_type.elementType, T.ArrayType):
-        return pg.ARRAY(column_type(data_type.elementType, column))
+        return ColumnKind("decimal", data_type.precision, data_type.scale)
+    if isinstance(data_type, T.ArrayType):
+        inner = data_type.elementType
+        # an array of arrays: described one level deep (no database the sink writes to
+        # nests arrays; its refusal names the whole type)
+        nested = isinstance(inner, T.ArrayType)
+        element = ColumnKind("array") if nested else column_kind(inner, column, database)
+        return ColumnKind("array", element=element)
     if isinstance(data_type, (T.StructType, T.MapType)):
-        return pg.JSONB()
-    raise ConfigError(
-        f"column {column!r}: no PostgreSQL type for Spark type {data_type.simpleString()}; "
-        "cast it in Spark (e.g. to string) or create the table yourself"
+        return ColumnKind("document")
+    raise _no_type(data_type, column, database)
+
+
+def _no_type(data_type: T.DataType, column: str, database: Database) -> ConfigError:
+    return ConfigError(
+        f"column {column!r}: no {database.name} type for Spark type "
+        f"{data_type.simpleString()}; cast it in Spark (e.g. to string) or create the table "
+        "yourself"
     )
 
 
-def table_columns(schema: T.StructType) -> list[sa.Column[Any]]:
-    import sqlalchemy as sa
+def column_type(data_type: T.DataType, column: str, database: Database) -> Any:
+    """The database's column type a Spark type is created as (docs/reference/types.md)."""
+    made = database.loading().column_type(column_kind(data_type, column, database))
+    if made is None:
+        raise _no_type(data_type, column, database)
+    return made
 
+
+def table_columns(schema: T.StructType, database: Database) -> list[Any]:
+    """The columns of a table created for ``schema`` (createTable)."""
+    loading = database.loading()
     return [
-        sa.Column(f.name, column_type(f.dataType, f.name), nullable=f.nullable)
+        loading.column(f.name, column_type(f.dataType, f.name, database), f.nullable)
         for f in schema.fields
     ]
 

@@ -16,6 +16,7 @@ from sqlsink.core.gid import Gid
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.options import SinkOptions
 from sqlsink.postgres import views
+from sqlsink.postgres.entry import POSTGRESQL
 from sqlsink.postgres.schema import ensure_schema
 from sqlsink.postgres.target import TargetPlan, plan_target
 from sqlsink.spark.types import arrow_schema, column_type
@@ -28,7 +29,7 @@ def plan(url: str, table: str, schema: T.StructType, **options: str) -> TargetPl
     parsed = SinkOptions.parse({"url": url, "table": table, **options})
 
     def types(name: str) -> Any:
-        return column_type(schema[name].dataType, name)
+        return column_type(schema[name].dataType, name, POSTGRESQL)
 
     with psycopg.connect(url, autocommit=True) as conn:
         return plan_target(
@@ -283,7 +284,7 @@ def test_a_views_refusal_comes_before_the_alter(pg_url: str, table: str, sink: s
                     schema.fieldNames(),
                     None,
                     arrow_schema(schema),
-                    lambda name: column_type(schema[name].dataType, name),
+                    lambda name: column_type(schema[name].dataType, name, POSTGRESQL),
                     before_changes=lambda _: views.check_before_writing(
                         conn,  # type: ignore[arg-type]
                         TableName.parse(taken),

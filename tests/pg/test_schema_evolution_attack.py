@@ -15,6 +15,7 @@ from pyspark.sql import types as T
 
 from sqlsink.errors import ConfigError, SqlsinkError, TransientError
 from sqlsink.options import SinkOptions
+from sqlsink.postgres.entry import POSTGRESQL
 from sqlsink.postgres.target import plan_target
 from sqlsink.spark.types import arrow_schema, column_type, table_columns
 from tests.pg.test_schema_evolution import columns_of, make, plan, schema_of
@@ -222,9 +223,9 @@ def test_create_table_with_add_columns_creates_then_adds_nothing(pg_url: str, ta
             conn,  # type: ignore[arg-type]
             parsed,
             schema.fieldNames(),
-            table_columns(schema),
+            table_columns(schema, POSTGRESQL),
             arrow_schema(schema),
-            lambda name: column_type(schema[name].dataType, name),
+            lambda name: column_type(schema[name].dataType, name, POSTGRESQL),
         )
     assert [c.name for c in target.columns] == ["id", "note"]
     assert names(pg_url, table) == ["id", "note"]

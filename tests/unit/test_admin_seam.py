@@ -86,6 +86,7 @@ def test_check_is_refused_before_connecting_where_the_backend_has_no_server_chec
     assert code == 2
     assert doc["error"]["message"] == (
         "sqlsink check needs judging the server's settings (sqlsink check), which sqlsink's "
-        "OtherDB backend does not have; turn sqlsink check off for this database"
+        "OtherDB backend does not have; nothing was written. Use sqlsink check with a "
+        "database that has it, or go without it on this one"
     )
     assert doc["findings"] == []
