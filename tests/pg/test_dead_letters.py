@@ -310,3 +310,31 @@ def test_a_role_that_may_not_insert_into_the_table_is_refused_at_planning(
         with psycopg.connect(pg_server.url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_screen_passes_a_good_batch_through_untouched_and_rounds_as_numeric_does() -> None:
+    """No bad row: the very batch goes on (no filter, no copy). numeric(5,2) rounds to 2
+    places first: 999.994 fits, 999.995 (1000.00) does not; char(3) cuts trailing spaces."""
+    import decimal
+
+    from sqlsink.postgres.catalog import TargetColumn
+    from sqlsink.postgres.encoding.screen import Screen
+
+    columns = [
+        TargetColumn("p", 1700, "numeric(5,2)", False, False),
+        TargetColumn("c", 1042, "character(3)", True, False),
+    ]
+    fields = [pa.field("p", pa.decimal128(12, 3)), pa.field("c", pa.string())]
+    screen = Screen(fields, columns)
+    values = [decimal.Decimal(v) for v in ("999.994", "1.5", "-2", "999.995")]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(values, pa.decimal128(12, 3)), pa.array(["abc", "ab   ", None, "a"])],
+        schema=pa.schema(fields),
+    )
+    good = batch.slice(0, 2)
+    assert screen.judge(good).good is good
+    judged = screen.judge(batch)
+    assert judged.bad.tolist() == [2, 3]
+    assert judged.columns == ("c", "p")
+    assert judged.reasons == ("NULL into a NOT NULL column", "out of range for numeric(5,2)")
+    assert judged.good.num_rows == 2
