@@ -338,3 +338,19 @@ def test_the_screen_passes_a_good_batch_through_untouched_and_rounds_as_numeric_
     assert judged.columns == ("c", "p")
     assert judged.reasons == ("NULL into a NOT NULL column", "out of range for numeric(5,2)")
     assert judged.good.num_rows == 2
+
+
+def test_a_unique_violation_in_append_fails_the_batch_naming_the_key_and_constraint(
+    pg_url: str, table: str, dead_table: str
+) -> None:
+    options, target, sink = setup(pg_url, table, deadLetterTable=dead_table)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD CONSTRAINT one_id UNIQUE (id)").format(
+                sql.Identifier(table)
+            )
+        )
+    with pytest.raises(WriteError) as failed:
+        write_partition(options, target, task(sink), [batch_of([good(0), good(1), good(1)])])
+    text = str(failed.value)
+    assert "constraint 'one_id'" in text and "Key (id)=(1) already exists" in text, text
