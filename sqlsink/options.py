@@ -67,6 +67,7 @@ KNOWN = {
     "keepbatches": "keepBatches",
     "maxpartitions": "maxPartitions",
     "consistentview": "consistentView",
+    "deadlettertable": "deadLetterTable",
     "keycolumns": "keyColumns",
     "deletecolumn": "deleteColumn",
     "schemaevolution": "schemaEvolution",
@@ -145,6 +146,8 @@ class SinkOptions:
     # a view of the table that shows whole batches only (docs/DESIGN.md invariant 13)
     consistent_view: TableName | None = None
     schema_evolution: SchemaEvolution = SchemaEvolution.NONE
+    # rows the sink judges unwritable go there, in the batch's transaction (dead_letters.py)
+    dead_letter_table: TableName | None = None
 
     @classmethod
     def parse(
@@ -211,6 +214,11 @@ class SinkOptions:
                 lambda: _consistent_view(opts.get("consistentview", ""), table, semantic, mode),
                 None,
             )
+        dead_letters = None
+        if table is not None:
+            dead_letters = take(
+                lambda: _dead_letter_table(opts.get("deadlettertable", ""), table), None
+            )
         tls = {k: opts[k] for k in TLS_PARAMS if opts.get(k)}
         url = take(lambda: with_params(opts["url"], tls), opts["url"])
         if problems or table is None or semantic is None or mode is None:
@@ -234,6 +242,7 @@ class SinkOptions:
             checkpoint_check=checkpoint_check,
             timeouts=timeouts,
             schema_evolution=schema_evolution,
+            dead_letter_table=dead_letters,
         )
 
     def __repr__(self) -> str:  # never show the password, even in a debugger
@@ -345,6 +354,22 @@ def _consistent_view(
             "see whole batches through the view), or drop consistentView"
         )
     return view
+
+
+def _dead_letter_table(text: str, table: TableName) -> TableName | None:
+    """The option deadLetterTable: a table name (unqualified: in the target's schema)."""
+    if not text.strip():
+        return None
+    try:
+        dead = TableName.parse(text.strip(), default_schema=table.schema)
+    except ValueError as exc:
+        raise ConfigError(f"option deadLetterTable: {exc}") from None
+    if dead == table:
+        raise ConfigError(
+            f"option deadLetterTable: {dead} is the target table itself; name another "
+            f"table, e.g. deadLetterTable={table.name}_dead_letters"
+        )
+    return dead
 
 
 def checkpoint_query_id(checkpoint: str | None) -> str | None:
@@ -527,6 +552,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "`mode=append` and a table without insert triggers; a batch load needs a `sinkId`. "
         "See [the guarantees](../guarantees.md)",
         writer="per appended table: `to(table, view=...)`, `b.append(df, table, view=...)`",
+    ),
+    OptionSpec(
+        "deadLetterTable",
+        "—",
+        "a table (`table` in the target's schema, or `schema.table`) for the rows the sink "
+        "judges unwritable before sending them (NUL in text, NULL into `NOT NULL`, a value "
+        "out of the column's range or length, invalid UTF-8, infinity into `numeric`): each "
+        "goes there as JSON with the reason and the column, in the partition's transaction, "
+        "and the batch goes on; created at planning when missing. Rows only the server can "
+        "refuse (a `CHECK`, a foreign key, a unique violation) still fail the batch. See "
+        "[dead letters](../entry-points/data-source.md#dead-letters)",
+        writer="`dead_letter_table=` argument",
     ),
     OptionSpec(
         "checkpointCheck",

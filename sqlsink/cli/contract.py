@@ -233,6 +233,7 @@ class BatchFiguresJson(TypedDict):
     completion_ms: float  # the rest: reading, orphans' rollbacks, marking it complete
     commit_ms: float  # commit_prepared_ms + completion_ms
     orphans: int
+    dead_letters: int  # rows written to the dead-letter table instead (deadLetterTable)
 
 
 class LastBatchJson(TypedDict):

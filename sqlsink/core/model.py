@@ -38,6 +38,7 @@ class PartitionOutcome:
     # table has one and the partition wrote rows
     key_range: KeyRange | None = None
     bytes_sent: int | None = None  # what its COPY sent, when the writer counted it
+    dead_letters: int = 0  # rows kept in the dead-letter table instead (deadLetterTable)
 
     @property
     def write_ms(self) -> float:
@@ -205,6 +206,7 @@ class BatchFigures:
     completion_ms: float
     commit_ms: float
     orphans: int
+    dead_letters: int = 0  # rows written to the dead-letter table instead of the target
 
     @classmethod
     def of(
@@ -241,6 +243,7 @@ class BatchFigures:
             completion_ms=round(max(0.0, commit_ms - report.commit_prepared_ms), 3),
             commit_ms=round(commit_ms, 3),
             orphans=len(report.rolled_back),
+            dead_letters=sum(o.dead_letters for o in outcomes),
         )
 
     def slowest(self) -> PartitionFigures | None:
@@ -256,6 +259,7 @@ class BatchFigures:
         slowest = self.slowest()
         parts = [
             f"{self.partitions} partitions, {self.rows} rows",
+            *([f"{self.dead_letters} dead letters"] if self.dead_letters else []),
             *([] if self.bytes_sent is None else [f"{self.bytes_sent} bytes"]),
             *(
                 []
@@ -293,6 +297,7 @@ class BatchFigures:
             "completion_ms": _ms(self.completion_ms),
             "commit_ms": _ms(self.commit_ms),
             "orphans": self.orphans,
+            "dead_letters": self.dead_letters,
         }
 
     @classmethod
@@ -315,6 +320,7 @@ class BatchFigures:
                 completion_ms=float(value["completion_ms"]),
                 commit_ms=float(value["commit_ms"]),
                 orphans=int(value["orphans"]),
+                dead_letters=int(value.get("dead_letters") or 0),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -96,6 +96,10 @@ class PostgresLoading:
             )
             if view is not None:  # refusals before any data; the committer creates the view
                 views.check_before_writing(conn, view, options.table, sink_id)
+            if options.dead_letter_table is not None:  # created when missing, before any data
+                from sqlsink.postgres.dead_letters import ensure_table
+
+                ensure_table(conn, options.dead_letter_table, options.table)
             return plan
 
     def column_type(self, kind: ColumnKind) -> Any | None:

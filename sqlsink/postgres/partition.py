@@ -14,6 +14,7 @@ for the WAL flush).
 from __future__ import annotations
 
 import itertools
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,6 +36,7 @@ from sqlsink.postgres import appnames, commit_log, timing
 from sqlsink.postgres.backend import PostgresBackend
 from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
+from sqlsink.postgres.dead_letters import DeadLetters
 from sqlsink.postgres.encoding import build_encoder, write_batches
 from sqlsink.postgres.faults import terminator
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
@@ -92,16 +94,23 @@ def write_partition(
             return _outcome(task, start.adopt, counted, skipped=False, started=started)
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
         given = itertools.chain([first] if first is not None else [], rows_iter)
-        counted = _load(conn, backend, participant, options, target, gid, given, times)
+        dead = (
+            DeadLetters(options.dead_letter_table, target.table, task, target.columns)
+            if options.dead_letter_table is not None
+            else None
+        )
+        counted = _load(conn, backend, participant, options, target, gid, given, times, dead)
+        rows = counted.rows - (len(dead.rows) if dead is not None else 0)
         if times is not None:
-            times.save(batch=task.batch_id, partition=task.partition_id, rows=counted.rows)
+            times.save(batch=task.batch_id, partition=task.partition_id, rows=rows)
         return _outcome(
             task,
             str(gid) if gid else None,
-            counted.rows,
+            rows,
             skipped=False,
             started=started,
             key_range=counted.key_range(),
+            dead_letters=len(dead.rows) if dead is not None else 0,
         )
 
 
@@ -121,7 +130,10 @@ def _load(
     gid: Gid | None,
     batches: Iterator[pa.RecordBatch],
     times: timing.PartTimes | None = None,
+    dead: DeadLetters | None = None,
 ) -> _Counter:
+    """COPY the rows (without the dead letters, which go to their table in the same
+    transaction), then the marker and PREPARE (or COMMIT)."""
     task = participant.task
     counted = _Counter(batches, target)
     upsert = target.upsert
@@ -133,19 +145,26 @@ def _load(
             conn.execute("SET LOCAL synchronous_commit = off")
         if upsert is not None and staging is not None:
             conn.execute(upsert.create_staging(staging, target.columns))
-            numbered = _numbered(_cut_mid_copy(counted, conn, task))
-            _copy(conn, staging, upsert.staging_columns(target.columns), numbered, times)
+            given = _cut_mid_copy(counted, conn, task)
+            numbered = _numbered(dead.screened(given) if dead is not None else given)
+            columns = upsert.staging_columns(target.columns)
+            _copy(conn, staging, columns, numbered, times, dead)
             for statement in upsert.apply(target.table, staging, target.columns):
                 conn.execute(statement)
         else:
             if options.mode is Mode.REPLACE:  # the whole table, in the batch's transaction
                 conn.execute(sql.SQL("DELETE FROM {}").format(target.table.identifier()))
             given = _cut_mid_copy(counted, conn, task)
-            _copy(conn, target.table, target.columns, given, times)
+            screened = dead.screened(given) if dead is not None else given
+            _copy(conn, target.table, target.columns, screened, times, dead)
+        if dead is not None:
+            with timing.phase(times, "dead_letters"):
+                dead.insert(conn)
         if gid is None:
             conn.execute("COMMIT")
             return counted
-        _prepare(conn, backend, task, gid, counted.rows, times)
+        written = counted.rows - (len(dead.rows) if dead is not None else 0)
+        _prepare(conn, backend, task, gid, written, times)
         crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
         with timing.phase(times, "after_prepare"):
             participant.after_prepare(gid)
@@ -204,6 +223,7 @@ def _copy(
     columns: Sequence[TargetColumn],
     batches: Iterator[pa.RecordBatch],
     times: timing.PartTimes | None = None,
+    dead: DeadLetters | None = None,
 ) -> None:
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table.identifier(), names)
@@ -213,7 +233,8 @@ def _copy(
     with conn.cursor() as cur:
         with cur.copy(statement) as copy:
             encoder = build_encoder(list(first.schema), list(columns))
-            write_batches(copy, encoder, itertools.chain([first], batches), times)
+            on_problem = dead.take_row if dead is not None else None
+            write_batches(copy, encoder, itertools.chain([first], batches), times, on_problem)
             ending = time.perf_counter() if times is not None else 0.0
         if times is not None:  # the end of COPY: the server's last rows
             times.add("copy_end", time.perf_counter() - ending)
@@ -306,8 +327,13 @@ def _write_error(
     message = scrub(diag.message_primary or str(exc), options.url, options.password)
     column = diag.column_name or _column_from_context(diag.context)
     parts = [f"{task.where()}: writing to table {target.table} failed"]
+    line = _line_from_context(diag.context)
+    if line is not None:  # COPY counts the partition's rows from 1, as sent
+        parts.append(f"row {line} of the partition's COPY")
     if column:
         parts.append(f"column {column!r}")
+    if diag.constraint_name:
+        parts.append(f"constraint {diag.constraint_name!r}")
     parts.append(f"server says: {message}")
     if diag.message_detail:
         parts.append(scrub(diag.message_detail, options.url, options.password).rstrip("."))
@@ -395,6 +421,12 @@ def _same_batch(gid: str | None, task: TaskIdentity) -> bool:
     )
 
 
+def _line_from_context(context: str | None) -> int | None:
+    # e.g. 'COPY t_1, line 3, column amount: "abc"', 'COPY t_1, line 3'
+    found = re.search(r"^COPY .*?, line (\d+)", context or "")
+    return int(found.group(1)) if found else None
+
+
 def _column_from_context(context: str | None) -> str | None:
     # e.g. 'COPY t_1, line 3, column amount: "abc"'
     if context and ", column " in context:
@@ -430,6 +462,7 @@ def _outcome(
     skipped: bool,
     started: float,
     key_range: KeyRange | None = None,
+    dead_letters: int = 0,
 ) -> PartitionOutcome:
     return PartitionOutcome(
         sink_id=task.sink_id,
@@ -443,4 +476,5 @@ def _outcome(
         started_at=started,
         prepared_at=time.time(),
         key_range=key_range,
+        dead_letters=dead_letters,
     )

@@ -106,6 +106,8 @@ class ForeachBatchWriter:
       it must match Spark's, and is not needed;
     - ``schema_evolution``: the option ``schemaEvolution`` (``none``, ``addColumns``,
       ``widen``) for every table the writer writes;
+    - ``dead_letter_table``: the option ``deadLetterTable`` for every table the writer
+      writes (unqualified: in each table's schema);
     - ``options``: any other option of the data source, by its name (``password``,
       ``createTable``, ``lockTimeout``, ``runTimeout``, ``keepBatches``,
       ``checkpointCheck``, ``transactionTimeout``, ``semantic``, ...); ``maxPartitions``
@@ -122,6 +124,7 @@ class ForeachBatchWriter:
         query_id: str | None = None,
         order_by_key: bool = True,
         schema_evolution: str | None = None,
+        dead_letter_table: str | None = None,
         **options: str,
     ) -> None:
         from sqlsink.core.gid import check_sink_id
@@ -158,6 +161,8 @@ class ForeachBatchWriter:
         self.options = dict(options)
         if schema_evolution is not None:  # the option schemaEvolution, for every table
             self.options["schemaEvolution"] = schema_evolution
+        if dead_letter_table is not None:  # the option deadLetterTable, for every table
+            self.options["deadLetterTable"] = dead_letter_table
         probe = self.sink_options("public.sqlsink_probe")  # option errors now, not at batch 0
         from sqlsink.spark.heartbeat import check_run_timeout
 

@@ -249,8 +249,9 @@ def test_a_query_planned_before_another_widened_the_column_is_told_it_changed(
         write_partition(a.options, stale, a.task(0), rows(range(3)))
     assert not caught.value.transient, caught.value  # every retry would fail the same way
     assert str(caught.value) == (
-        f"sink {sink}, batch 0, partition 0: writing to table public.{table} failed; column "
-        "'id'; server says: insufficient data left in message. Nothing of batch 0 is "
+        f"sink {sink}, batch 0, partition 0: writing to table public.{table} failed; row 1 "
+        "of the partition's COPY; column 'id'; server says: insufficient data left in "
+        "message. Nothing of batch 0 is "
         f"visible. column 'id' of table public.{table} is bigint now, integer when the "
         "query planned (changed since by another query's schemaEvolution=widen, or an "
         "ALTER TABLE). Fix: restart the query (from its checkpoint): it plans again"

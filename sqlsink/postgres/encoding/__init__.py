@@ -17,6 +17,8 @@ Modules, by layer (as psycopg's ``types`` package is organised by type family):
 * ``builder``: the encoder of every (Arrow type, PostgreSQL type) pair (``build_encoder``), and
   the errors with their fixes for the pairs that have none.
 * ``writer``: ``BinaryCopyEncoder`` (a batch's tuples) and the COPY stream (``write_batches``).
+* ``screen``: with option deadLetterTable, the rows the sink knows the server would refuse,
+  each with its column and reason, judged vectorised before encoding (``Screen.judge``).
 
 Every column encoder is vectorised (no per-row Python) for the common types (integers, floats,
 booleans, dates, times, timestamps, intervals, strings and binaries of every kind including
@@ -34,7 +36,8 @@ Semantics worth knowing:
   times and durations.
 * Text goes to the server as UTF-8 bytes (Arrow strings are UTF-8), so the connection's
   ``client_encoding`` must be UTF8 (the psycopg default against a UTF8 server). The server
-  checks the encoding, NUL bytes, varchar/char lengths, numeric precision, json/jsonb syntax.
+  checks the encoding, NUL bytes, varchar/char lengths, numeric precision, json/jsonb syntax
+  (with deadLetterTable, ``screen`` checks all but the last before, and keeps those rows).
 * Floats into numeric: NaN becomes numeric NaN, infinities are refused (not every server
   version has numeric infinity). The decimal digits are those of the shortest repr.
 * struct/map/list into json/jsonb: ``json.dumps(..., separators=(",", ":"), default=str)``:

@@ -103,7 +103,7 @@ _RULES: list[tuple[Callable[[pa.DataType], bool], tuple[int, ...], _Factory]] = 
 ]  # fmt: skip
 
 
-def _normalized(arrow: pa.DataType) -> tuple[pa.DataType, list[Callable[[pa.Array], pa.Array]]]:
+def normalized(arrow: pa.DataType) -> tuple[pa.DataType, list[Callable[[pa.Array], pa.Array]]]:
     """Types read through another one: extension types, dictionaries, views, fixed lists.
 
     Returns the type to encode and the conversions (in order) that give arrays of it.
@@ -140,7 +140,7 @@ def _caster(target: pa.DataType) -> Callable[[pa.Array], pa.Array]:
 
 def _scalar(arrow: pa.DataType, oid: int) -> Encode | None:
     """The encoder of (arrow type, pg oid), or None when the pair is not supported."""
-    arrow, steps = _normalized(arrow)
+    arrow, steps = normalized(arrow)
     encode: Encode | None = None
     if pa.types.is_null(arrow) and (oid in _HINTS or oid in ARRAY_ELEMENT):
         encode = all_null

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +66,7 @@ class BinaryCopyEncoder:
                     f"column's type",
                     column=column.name,
                     row=p.index,
+                    problem=p.problem,
                 ) from None
         return assemble(n, [self._count, *parts]).data
 
@@ -76,27 +77,48 @@ class CopyWriter(Protocol):
     def write(self, buffer: bytes | bytearray | memoryview) -> None: ...
 
 
+# Told a row the encoder refuses (its index in the batch, column, problem): the batch
+# without it, the row kept elsewhere (dead letters); or it raises.
+OnProblem = Callable[[pa.RecordBatch, int, str, str], pa.RecordBatch]
+
+
 def write_batches(
     copy: CopyWriter,
     encoder: BinaryCopyEncoder,
     batches: Iterable[pa.RecordBatch],
     times: PartTimes | None = None,
+    on_problem: OnProblem | None = None,
 ) -> int:
     """Send a whole binary COPY stream: header, every batch's tuples, trailer; the row count.
 
     psycopg's ``Copy.write()`` sends its buffer as it is in binary format: it adds the header
     (and trailer) only when rows go through ``write_row()`` or nothing is written at all, so
     the header and trailer are written here, once per COPY. Use inside
-    ``with cur.copy("COPY ... FROM STDIN (FORMAT BINARY)") as copy:``.
+    ``with cur.copy("COPY ... FROM STDIN (FORMAT BINARY)") as copy:``. ``on_problem``: told
+    each value the encoder refuses, it gives the batch without that row, encoded again.
     """
     copy.write(COPY_HEADER)
     rows = 0
     for batch in batches:
         if batch.num_rows:
             with phase(times, "encode"):  # timed apart for benchmarks only (timing.py)
-                buffer = encoder.encode(batch)
+                buffer, batch = _encoded(encoder, batch, on_problem)
             with phase(times, "send"):
                 copy.write(buffer)
             rows += batch.num_rows
     copy.write(COPY_TRAILER)
     return rows
+
+
+def _encoded(
+    encoder: BinaryCopyEncoder, batch: pa.RecordBatch, on_problem: OnProblem | None
+) -> tuple[bytes | bytearray | memoryview, pa.RecordBatch]:
+    """The batch's tuples, and the batch they are of (without the rows on_problem took)."""
+    while True:
+        try:
+            return encoder.encode(batch), batch
+        except WriteError as exc:
+            if on_problem is None or "problem" not in exc.context:
+                raise
+            context = exc.context
+            batch = on_problem(batch, context["row"], context["column"], context["problem"])
