@@ -82,11 +82,12 @@ class Writer:
     query_id: str | None = "q1"
     run: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock_timeout_s: float = 10.0
+    live_s: float = 300.0  # runTimeout: how long the run counts as live unheard
     _attempt: int = 0
 
     @property
     def target(self) -> LoadTarget:
-        return LoadTarget(self.url, self.table, self.lock_timeout_s)
+        return LoadTarget(self.url, self.table, self.lock_timeout_s, run_timeout_s=self.live_s)
 
     def task(self, batch: int, partition: int = 0) -> TaskIdentity:
         self._attempt += 1
@@ -102,7 +103,8 @@ class Writer:
     def committer(self) -> Iterator[Committer]:
         conn = connect(self.url)
         try:
-            yield Committer(MariaDBBackend(conn, self.lock_timeout_s), self.sink)
+            backend = MariaDBBackend(conn, self.lock_timeout_s)
+            yield Committer(backend, self.sink, run_timeout_s=self.live_s)
         finally:
             conn.close()
 
