@@ -192,6 +192,7 @@ class _Feeder:
         self.task = task
         self.cut = cut
         self.rows = 0
+        self.stop = False  # set when the load is over: the feeder writes no more
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -208,6 +209,8 @@ class _Feeder:
                     "mid_copy", task.batch_id, task.partition_id, task.attempt_number, cut=self.cut
                 )
                 for batch in self.batches:
+                    if self.stop:
+                        break
                     self._write(pipe, batch)
         except BaseException as exc:  # given to the loading thread
             self.error = exc
@@ -218,20 +221,32 @@ class _Feeder:
         self.rows += batch.num_rows
 
     def finish(self) -> None:
-        """Wait for the thread (bounded); a feeder still waiting for a reader (the server
-        refused the statement before reading) is let through by a reader that leaves at
-        once. Raises the feeder's error, said where."""
+        """Wait for the thread (bounded). A feeder the load left behind (the server
+        refused the statement before reading, or PyMySQL stopped reading) is told to
+        stop, and a reader of our own drains the FIFO until it has: it is never left
+        blocked. Raises the feeder's error, said where."""
         thread, self.thread = self.thread, None
         if thread is None:
             return
+        self.stop = True
+        thread.join(0.05)
         deadline = time.monotonic() + FEED_END_S
-        while thread.is_alive() and time.monotonic() < deadline:
-            try:
-                fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        fd: int | None = None
+        try:
+            while thread.is_alive() and time.monotonic() < deadline:
+                try:
+                    if fd is None:
+                        fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+                    while os.read(fd, 1 << 20):
+                        pass
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    fd = None
+                thread.join(0.02)
+        finally:
+            if fd is not None:
                 os.close(fd)
-            except OSError:
-                pass
-            thread.join(0.05)
         error = self.error
         if isinstance(error, WriteError):
             task = self.task
@@ -279,7 +294,10 @@ def _warning_error(
     )
 
 
-def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> SqlsinkError:
+def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> Exception:
+    """A server's error, said where, transient or not; any other error as it is."""
+    if not type(exc).__module__.startswith("pymysql"):
+        return exc
     code = errno(exc)
     message = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
     named = _COLUMN.search(message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -16,6 +17,7 @@ import pytest
 from sqlsink.errors import WriteError
 from sqlsink.mariadb.connection import connect, rows
 from sqlsink.mariadb.partition import SQL_MODE
+from sqlsink.mariadb.schema import ensure_schema
 from tests.fix_mariadb import MariaServer
 from tests.mariadb.protocol import Writer, forget_sink, ids_of, make_table, new_sink, prepared_of
 
@@ -37,6 +39,9 @@ def url(mariadb_server: MariaServer) -> str:
 @pytest.fixture
 def writer(url: str) -> Iterator[Writer]:
     table = f"t_{uuid.uuid4().hex[:8]}"
+    conn = connect(url)
+    ensure_schema(conn)  # the commit log, which the partition's checks read
+    conn.close()
     w = Writer(url, table, new_sink())
     yield w
     forget_sink(url, w.sink)
@@ -213,3 +218,24 @@ def test_mariadbs_double_keeps_no_negative_zero(writer: Writer, url: str) -> Non
     finally:
         conn.close()
     assert found == [0.0, 0.0] and all(math.copysign(1, f) == 1 for f in found)
+
+
+@pytest.mark.parametrize("missing", ["table", "column"])
+def test_a_statement_the_server_refuses_before_reading_ends_at_once(
+    writer: Writer, url: str, missing: str
+) -> None:
+    """The server refuses LOAD DATA before it reads the FIFO: the feeder, waiting for a
+    reader, is let go (no thread left blocked) and the error names the cause."""
+    if missing == "column":
+        make_table(url, writer.table)
+    batches = [
+        pa.RecordBatch.from_pydict({"id": pa.array(range(s, s + 1000), pa.int64()),
+                                    "nope": pa.array(["x" * 100] * 1000)})
+        for s in range(0, 200_000, 1000)
+    ]  # fmt: skip
+    began = time.monotonic()
+    with pytest.raises(WriteError) as err:
+        writer.write(0, batches if missing == "column" else batches[:1])
+    assert time.monotonic() - began < 5
+    assert ("doesn't exist" if missing == "table" else "'nope'") in str(err.value)
+    assert "batch 0" in str(err.value) and prepared_of(url, writer.sink) == []
