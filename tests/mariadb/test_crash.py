@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,10 +25,18 @@ from sqlsink.core.gid import Gid
 from sqlsink.core.model import NewDecision
 from sqlsink.errors import DataLossError
 from sqlsink.mariadb import xid
-from sqlsink.mariadb.connection import connect, execute
+from sqlsink.mariadb.connection import connect, execute, rows
 from tests.fix_mariadb import MariaServer
 from tests.mariadb.crash_proc import outcome_json
-from tests.mariadb.protocol import Writer, forget_sink, ids_of, make_table, new_sink, prepared_of
+from tests.mariadb.protocol import (
+    Writer,
+    forget_sink,
+    id_rows,
+    ids_of,
+    make_table,
+    new_sink,
+    prepared_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROC_TIMEOUT_S = 90.0
@@ -245,3 +254,43 @@ def test_a_rolled_back_orphan_that_a_crash_brings_back_is_rolled_back_again(
     assert set(prepared_of(writer.url, writer.sink)) <= {orphan.gid}
     recover(writer)
     settle(writer)
+
+
+def test_a_late_attempt_prepared_after_the_decision_rolls_itself_back(
+    writer: Writer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Participant.after_prepare on MariaDB: a task still loading when its batch is decided
+    without it prepares, disconnects, and rolls its own branch back from a new session
+    (the detached branch can be finished only once its session has ended)."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "mid_copy", "batch": 0, "partition": 1,
+                                   "action": "sleep", "seconds": 3}]))  # fmt: skip
+    monkeypatch.setenv("SQLSINK_FAULTS_FILE", str(faults))
+    first = writer.write(0, PARTS[0], 0)
+    late: list[BaseException] = []
+
+    def straggler() -> None:
+        try:
+            writer.write(0, [*id_rows(range(10, 15)), *id_rows(range(15, 20))], 1)
+        except BaseException as exc:  # asserted below
+            late.append(exc)
+
+    thread = threading.Thread(target=straggler)
+    thread.start()
+    conn = connect(writer.url)
+    try:
+        deadline = time.monotonic() + 20
+        while not rows(
+            conn,
+            "SELECT 1 FROM sqlsink.task_sessions WHERE sink_id = %s AND partition_id = 1",
+            (writer.sink,),
+        ):
+            assert time.monotonic() < deadline, "the late task never started its load"
+            time.sleep(0.05)
+    finally:
+        conn.close()
+    writer.commit(0, [first])  # decided without partition 1
+    thread.join(30)
+    assert len(late) == 1 and "decided without this attempt" in str(late[0]), late
+    assert ids_of(writer.url, writer.table) == list(PARTS[0])
+    assert prepared_of(writer.url, writer.sink) == []
