@@ -50,6 +50,8 @@ _TRANSIENT = {1205, 1213, 1614, 1402, 2006, 2013}
 # the load session's: strict (a bad value is an error, not a changed value), and none of
 # the modes that change how its statements read (ANSI_QUOTES, NO_BACKSLASH_ESCAPES)
 SQL_MODE = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
+# LOAD DATA LOCAL refused: local_infile off on the server (MariaDB's 4166, MySQL's 1148)
+_NO_LOCAL_INFILE = {1148, 3948, 4166}
 _COLUMN = re.compile(r"column '([^']+)'", re.IGNORECASE)
 
 
@@ -307,6 +309,14 @@ def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> Exce
         f"{task.where()}: writing to table {target.table} failed{where}: server says: "
         f"{message}. Nothing of batch {task.batch_id} is visible"
     )
+    if code in _NO_LOCAL_INFILE:
+        return WriteError(
+            f"{text}. Fix: the load needs LOAD DATA LOCAL INFILE, which this server refuses: "
+            "set local_infile = ON (SET GLOBAL local_infile = 1, and local_infile=1 in the "
+            "server's configuration); sqlsink check shows the setting",
+            batch=task.batch_id,
+            partition=task.partition_id,
+        )
     if code in _TRANSIENT or code is None:
         return TransientError(
             f"{text}; the batch is retried", batch=task.batch_id, partition=task.partition_id

@@ -239,3 +239,19 @@ def test_a_statement_the_server_refuses_before_reading_ends_at_once(
     assert time.monotonic() - began < 5
     assert ("doesn't exist" if missing == "table" else "'nope'") in str(err.value)
     assert "batch 0" in str(err.value) and prepared_of(url, writer.sink) == []
+
+
+def test_a_server_without_local_infile_is_refused_with_the_setting_to_change(
+    mariadb_server: MariaServer, writer: Writer, url: str
+) -> None:
+    make_table(url, writer.table)
+    root = mariadb_server.connect(root=True)
+    try:
+        rows(root, "SET GLOBAL local_infile = 0")
+        with pytest.raises(WriteError, match="local_infile = ON") as err:
+            writer.write(0, range(3))
+    finally:
+        rows(root, "SET GLOBAL local_infile = 1")
+        root.close()
+    assert "batch 0" in str(err.value)
+    assert ids_of(url, writer.table) == [] and prepared_of(url, writer.sink) == []
