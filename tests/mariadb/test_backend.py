@@ -87,3 +87,27 @@ def test_a_branch_still_attached_is_waited_for_then_committed(
     conn.close()  # the partition disconnects, as it must
     assert backend.commit_prepared(str(gid))
     assert backend.visible_markers([str(gid)]) == {str(gid)}
+
+
+def test_truncate_is_not_guarded_on_mariadb(mariadb_server: MariaServer) -> None:
+    """A DELETE of an incomplete decision is refused (the trigger keep_incomplete), but a
+    TRUNCATE erases it: MariaDB has no TRUNCATE trigger and runs no DELETE trigger for it
+    (PostgreSQL's commit log refuses both). In a commit log of its own, as root."""
+    import pymysql
+
+    root = mariadb_server.connect(root=True)
+    db = "sqlsink_truncate"
+    try:
+        execute(root, f"DROP DATABASE IF EXISTS `{db}`")
+        execute(root, f"CREATE DATABASE `{db}`")
+        ensure_schema(root, db)
+        sink = "m-trunc"
+        assert commit_log.insert_decision(root, db, NewDecision(sink, 0, ("g",), 1, "q1", "r1"))
+        with pytest.raises(pymysql.MySQLError) as refused:
+            execute(root, f"DELETE FROM `{db}`.decisions WHERE sink_id = %s", (sink,))
+        assert refused.value.args[0] == 1644  # the trigger's SIGNAL
+        execute(root, f"TRUNCATE TABLE `{db}`.decisions")
+        assert commit_log.decisions(root, db, sink) == {}
+    finally:
+        execute(root, f"DROP DATABASE IF EXISTS `{db}`")
+        root.close()

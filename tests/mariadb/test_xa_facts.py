@@ -262,3 +262,19 @@ def test_a_prepared_branch_survives_the_servers_sigkill(tmp_path: Path) -> None:
         after.close()
     finally:
         servers.close()
+
+
+def test_the_preparing_session_cannot_start_another_branch(server: MariaServer, table: str) -> None:
+    """After XA PREPARE the session is bound to its branch: XA START of another gets
+    XAER_RMFAIL (1399); so a partition's session is of no use after PREPARE but to end."""
+    g, h = xid(), xid()
+    prep = server.connect(database=TARGET_DB)
+    run(prep, f"XA START {g}")
+    run(prep, f"INSERT INTO `{table}` VALUES (1, 'a')")
+    run(prep, f"XA END {g}")
+    run(prep, f"XA PREPARE {g}")
+    with pytest.raises(pymysql.MySQLError) as info:
+        run(prep, f"XA START {h}")
+    assert errno(info.value) == XAER_RMFAIL
+    run(prep, f"XA ROLLBACK {g}")  # its own session may end it
+    prep.close()
