@@ -34,6 +34,7 @@ from sqlsink.core.model import (
     Binding,
     Decision,
     Fate,
+    Handover,
     LockTake,
     NewDecision,
     PreparedTransaction,
@@ -218,6 +219,12 @@ class MariaDBBackend:
 
     def visible_markers(self, gids: Collection[str]) -> set[str]:
         return commit_log.visible_markers(self.conn, self.db, gids)
+
+    def record_handover(self, sink_id: str, run_id: str, batch_id: int) -> None:
+        commit_log.record_handover(self.conn, self.db, sink_id, run_id, batch_id)
+
+    def handovers(self, sink_id: str) -> list[Handover]:
+        return commit_log.handovers(self.conn, self.db, sink_id)
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
         commit_log.mark_complete(self.conn, self.db, sink_id, batch_ids)

@@ -11,7 +11,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlsink.core.faults import crash_point
-from sqlsink.core.model import BatchFigures, Binding, Decision, Fate, NewDecision, TaskState
+from sqlsink.core.model import (
+    BatchFigures,
+    Binding,
+    Decision,
+    Fate,
+    Handover,
+    NewDecision,
+    TaskState,
+)
 from sqlsink.mariadb.connection import Connection, execute, rows
 
 
@@ -102,6 +110,26 @@ def bind(conn: Connection, db: str, sink_id: str, writer: Binding) -> None:
 def highest_decided(conn: Connection, db: str, sink_id: str) -> int | None:
     found = rows(conn, f"SELECT max(batch_id) FROM `{db}`.decisions WHERE sink_id = %s", (sink_id,))
     return None if not found or found[0][0] is None else int(found[0][0])
+
+
+def record_handover(conn: Connection, db: str, sink_id: str, run_id: str, batch_id: int) -> None:
+    execute(
+        conn,
+        f"INSERT INTO `{db}`.handovers (sink_id, run_id, batch_id) VALUES (%s, %s, %s) "
+        "ON DUPLICATE KEY UPDATE batch_id = VALUES(batch_id), handed_at = current_timestamp(6)",
+        (sink_id, run_id, batch_id),
+    )
+
+
+def handovers(conn: Connection, db: str, sink_id: str) -> list[Handover]:
+    found = rows(
+        conn,
+        f"SELECT run_id, batch_id, handed_at FROM `{db}`.handovers WHERE sink_id = %s",
+        (sink_id,),
+    )
+    return [
+        Handover(str(r[0]), int(r[1]), r[2].replace(tzinfo=timezone.utc)) for r in found
+    ]  # the sessions run in UTC
 
 
 _DECISION_COLUMNS = (

@@ -79,7 +79,7 @@ def forget_sink(conn: Connection, db: str, sink_id: str, prepared: list[str]) ->
     try:
         execute(conn, "SET @sqlsink_forget = %s", (sink_id,))
         deleted = 0
-        for table in ("markers", "decisions", "runs", "sinks"):
+        for table in ("handovers", "markers", "decisions", "runs", "sinks"):
             count = execute(conn, f"DELETE FROM `{db}`.{table} WHERE sink_id = %s", (sink_id,))
             deleted = count if table == "decisions" else deleted
         execute(conn, "COMMIT")

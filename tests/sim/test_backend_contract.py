@@ -830,3 +830,27 @@ def test_recover_scope_leaves_a_lost_batch_and_keeps_the_unsure_ones(
     assert recorded.scope == Scope.everything(frozenset(), frozenset({1}), frozenset({2}), 0)
     named = scope_of(Evidence(None, frozenset({1}), None), frozenset({2}))
     assert named.scope == Scope.everything(frozenset(), frozenset({1}), frozenset(), 0)
+
+
+def test_handovers_keep_each_runs_latest_batch(harness: Harness, sinks: list[str]) -> None:
+    """The foreachBatch writer's hand-overs (``record_handover``): one per run, its
+    latest batch replacing the earlier one; per sink; ``unfinished_handovers`` reads
+    those above the highest decided batch and below the batch being handed."""
+    from sqlsink.core.writer_batch import unfinished_handovers
+
+    sink, other = sinks[0], sinks[1]
+    b = harness.session()
+    assert b.handovers(sink) == []
+    b.record_handover(sink, "r1", 0)
+    b.record_handover(sink, "r1", 1)  # the run's latest replaces its earlier one
+    b.record_handover(sink, "r2", 3)
+    b.record_handover(other, "r1", 7)
+    assert sorted((h.run_id, h.batch_id) for h in b.handovers(sink)) == [("r1", 1), ("r2", 3)]
+    assert all(h.handed_at.tzinfo is not None for h in b.handovers(sink))
+    assert [(h.run_id, h.batch_id) for h in unfinished_handovers(b, sink, 4, None)] == [
+        ("r1", 1),
+        ("r2", 3),
+    ]
+    assert [h.batch_id for h in unfinished_handovers(b, sink, 3, 1)] == []  # 1 decided, 3 not <
+    assert b.insert_decision(NewDecision(sink, 1, [], 0, "q1", "r1"))
+    assert [h.batch_id for h in unfinished_handovers(b, sink, 5, b.highest_decided(sink))] == [3]
