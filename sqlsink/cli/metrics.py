@@ -62,6 +62,12 @@ METRICS = (
         "log held then",
     ),
     Series("sqlsink_rows_committed", "counter", "rows of those batches"),
+    Series(
+        "sqlsink_dead_letters",
+        "counter",
+        "rows those batches sent to their dead-letter table (deadLetterTable), counted with "
+        "the batch's figures",
+    ),
     Series("sqlsink_last_batch_id", "gauge", "the highest batch with a decision"),
     Series(
         "sqlsink_last_batch_age_seconds",
@@ -290,6 +296,7 @@ def _values(s: SinkReading) -> dict[str, float | Histogram | None]:
     return {
         "sqlsink_batches_committed": s.totals.batches,
         "sqlsink_rows_committed": s.totals.rows,
+        "sqlsink_dead_letters": s.totals.dead_letters,
         "sqlsink_last_batch_id": s.last_batch_id,
         "sqlsink_last_batch_age_seconds": s.last_batch_age_s,
         "sqlsink_last_batch_rows": s.last_batch_rows,

@@ -71,6 +71,7 @@ class SinkTotals:
     timed_through: int = -1  # the highest batch counted in the histograms
     batches: int = 0
     rows: int = 0
+    dead_letters: int = 0  # rows the batches sent to their dead-letter table (the figures')
     commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_BUCKETS))
     partition_write: Histogram = field(default_factory=lambda: Histogram(WRITE_BUCKETS))
     prepare_to_decision: Histogram = field(default_factory=lambda: Histogram(COMMIT_BUCKETS))
@@ -93,6 +94,7 @@ class SinkTotals:
             if d.commit_ms is not None:
                 self.commit.observe(d.commit_ms / 1000)
             if d.figures is not None:
+                self.dead_letters += d.figures.dead_letters
                 for write in d.figures.writes:
                     self.partition_write.observe(write.write_ms / 1000)
                 if d.figures.prepare_to_decision_ms is not None:

@@ -202,7 +202,14 @@ def _print_recent(out: Output, recent: list[RecentBatchJson]) -> None:
         for d in recent
     ]
     headers = ["BATCH", "ROWS", "GIDS", "DECIDED_AT", "COMPLETED_AT", "ROWS/S", "LAG"]
-    for text in table(headers, rows, right={0, 1, 2, 5, 6}):
+    right = {0, 1, 2, 5, 6}
+    dead = [None if d["figures"] is None else d["figures"]["dead_letters"] for d in recent]
+    if any(dead):  # rows sent to the dead-letter table (deadLetterTable): a column of its own
+        headers.append("DEAD_LETTERS")
+        right.add(len(headers) - 1)
+        for row, n in zip(rows, dead, strict=True):
+            row.append("-" if n is None else n)
+    for text in table(headers, rows, right=right):
         out.line("    " + text)
 
 

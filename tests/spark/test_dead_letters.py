@@ -151,6 +151,15 @@ def test_bad_rows_go_to_the_dead_letters_exactly_once_across_a_driver_kill(
             (sink_id,),
         ).fetchall()
     assert figures == [(0, len(KINDS)), (1, len(KINDS)), (2, len(KINDS))]
+    # status counts them: a column of the recent batches, and the batches' figures in JSON
+    status = [sys.executable, "-m", "sqlsink", "status", "--url", pg_url, "--sink-id", sink_id]
+    human = subprocess.run(status, capture_output=True, text=True, timeout=60).stdout
+    assert "DEAD_LETTERS" in human, human
+    doc = json.loads(
+        subprocess.run([*status, "--json"], capture_output=True, text=True, timeout=60).stdout
+    )
+    recent = doc["sinks"][0]["recent_batches"]
+    assert sorted(b["figures"]["dead_letters"] for b in recent) == [len(KINDS)] * 3
 
 
 def test_without_the_option_a_bad_row_fails_the_batch_naming_row_and_column(
