@@ -38,6 +38,7 @@ from sqlsink.postgres.catalog import TargetColumn
 from sqlsink.postgres.connection import Connection, connect, scrub
 from sqlsink.postgres.dead_letters import DeadLetters
 from sqlsink.postgres.encoding import build_encoder, write_batches
+from sqlsink.postgres.encoding.writer import CopyWriter
 from sqlsink.postgres.faults import terminator
 from sqlsink.postgres.locks import describe_holders, relation_lock_holders
 from sqlsink.postgres.schema import privilege_error
@@ -111,6 +112,7 @@ def write_partition(
             started=started,
             key_range=counted.key_range(),
             dead_letters=len(dead.rows) if dead is not None else 0,
+            bytes_sent=counted.sent,
         )
 
 
@@ -148,7 +150,7 @@ def _load(
             given = _cut_mid_copy(counted, conn, task)
             numbered = _numbered(dead.screened(given) if dead is not None else given)
             columns = upsert.staging_columns(target.columns)
-            _copy(conn, staging, columns, numbered, times, dead)
+            counted.sent += _copy(conn, staging, columns, numbered, times, dead)
             for statement in upsert.apply(target.table, staging, target.columns):
                 conn.execute(statement)
         else:
@@ -156,7 +158,7 @@ def _load(
                 conn.execute(sql.SQL("DELETE FROM {}").format(target.table.identifier()))
             given = _cut_mid_copy(counted, conn, task)
             screened = dead.screened(given) if dead is not None else given
-            _copy(conn, target.table, target.columns, screened, times, dead)
+            counted.sent += _copy(conn, target.table, target.columns, screened, times, dead)
         if dead is not None:
             with timing.phase(times, "dead_letters"):
                 dead.insert(conn)
@@ -224,20 +226,36 @@ def _copy(
     batches: Iterator[pa.RecordBatch],
     times: timing.PartTimes | None = None,
     dead: DeadLetters | None = None,
-) -> None:
+) -> int:
+    """COPY the batches into ``table``; the bytes the COPY sent (its binary stream)."""
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table.identifier(), names)
     first = next(batches, None)
     if first is None:  # an empty replace: nothing to copy
-        return
+        return 0
     with conn.cursor() as cur:
         with cur.copy(statement) as copy:
             encoder = build_encoder(list(first.schema), list(columns))
             on_problem = dead.take_row if dead is not None else None
-            write_batches(copy, encoder, itertools.chain([first], batches), times, on_problem)
+            sent = _Sent(copy)
+            write_batches(sent, encoder, itertools.chain([first], batches), times, on_problem)
             ending = time.perf_counter() if times is not None else 0.0
         if times is not None:  # the end of COPY: the server's last rows
             times.add("copy_end", time.perf_counter() - ending)
+    return sent.bytes
+
+
+class _Sent:
+    """A COPY's writer that counts what it sends (the batch figures' ``bytes_sent``): one
+    call per encoded record batch, not per row."""
+
+    def __init__(self, copy: CopyWriter) -> None:
+        self.copy = copy
+        self.bytes = 0
+
+    def write(self, buffer: bytes | bytearray | memoryview) -> None:
+        self.bytes += buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+        self.copy.write(buffer)
 
 
 def _cut_mid_copy(
@@ -274,6 +292,7 @@ class _Counter(Iterator[pa.RecordBatch]):
     def __init__(self, batches: Iterator[pa.RecordBatch], target: TargetPlan) -> None:
         self.batches = batches
         self.rows = 0
+        self.sent = 0  # bytes the COPY sent (set by _load)
         self.column = target.key[0] if target.key else None
         self.low: Any = None
         self.high: Any = None
@@ -463,6 +482,7 @@ def _outcome(
     started: float,
     key_range: KeyRange | None = None,
     dead_letters: int = 0,
+    bytes_sent: int | None = None,
 ) -> PartitionOutcome:
     return PartitionOutcome(
         sink_id=task.sink_id,
@@ -477,4 +497,5 @@ def _outcome(
         prepared_at=time.time(),
         key_range=key_range,
         dead_letters=dead_letters,
+        bytes_sent=bytes_sent,
     )

@@ -28,6 +28,12 @@ def test_a_committed_batch_keeps_its_figures_and_its_line_says_only_them(
     figures = row.figures
     assert isinstance(figures, BatchFigures)
     assert (figures.partitions, figures.rows, figures.orphans) == (2, 10, 0)
+    # the bytes each partition's COPY sent, summed: header and trailer (21 bytes) and each
+    # row's tuple, so more than the rows alone
+    sent = [o.bytes_sent for o in outcomes]
+    assert all(s is not None and s > 21 for s in sent), sent
+    assert figures.bytes_sent == sum(s for s in sent if s is not None)
+    assert f"{figures.bytes_sent} bytes" in figures.summary()
     assert figures.commit_ms == pytest.approx(row.commit_ms, abs=0.001)  # one UPDATE wrote both
     assert [(w.partition_id, w.rows) for w in figures.writes] == [(0, 3), (1, 7)]
     for written, outcome in zip(figures.writes, outcomes, strict=True):
