@@ -1,8 +1,9 @@
 """The first errors of planning, in the sink's words (what the first-contact trial met
 as raw driver classes): a read-only server, ``createTable`` into a schema that does not
 exist, ``createTable`` without the right to create; a view as the target and a role
-without INSERT (or, for an upsert, UPDATE and SELECT), which the tasks met before. Each is a ConfigError naming what is
-wrong and the fix, raised by the planner before anything is written."""
+without INSERT (or, for an upsert, UPDATE and SELECT), which the tasks met before. Each
+is a ConfigError naming what is wrong and the fix, raised by the planner before anything
+is written."""
 
 from __future__ import annotations
 
