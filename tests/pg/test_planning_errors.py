@@ -178,3 +178,42 @@ def test_upsert_needs_update_and_select(pg_url: str, role: str, table: str) -> N
         sql.SQL("GRANT UPDATE, SELECT ON {} TO {}").format(*map(sql.Identifier, (table, role))),
     )
     plan(as_role(pg_url, role), table, mode="upsert")
+
+
+def test_a_view_with_an_instead_of_insert_trigger_takes_an_append(
+    pg_url: str, table: str, view: str
+) -> None:
+    base_table(pg_url, table)
+    ddl = sql.SQL("CREATE VIEW {} AS SELECT id, payload FROM {}")
+    function = sql.SQL(
+        "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$BEGIN INSERT INTO {} VALUES (NEW.id, NEW.payload); RETURN NEW; END$$"
+    )
+    trigger = sql.SQL(
+        "CREATE TRIGGER ins INSTEAD OF INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
+    )
+    name = sql.Identifier(f"f_{view}")
+    run(
+        pg_url,
+        ddl.format(sql.Identifier(view), sql.Identifier(table)),
+        function.format(name, sql.Identifier(table)),
+        trigger.format(sql.Identifier(view), name),
+    )
+    try:
+        plan(pg_url, view)  # COPY writes through the trigger: not refused
+        with pytest.raises(ConfigError, match=rf"^table public.{view} is a view"):
+            plan(pg_url, view, mode="upsert", keyColumns="id")  # ON CONFLICT: never
+    finally:
+        run(pg_url, sql.SQL("DROP VIEW {}").format(sql.Identifier(view)))
+        run(pg_url, sql.SQL("DROP FUNCTION {}()").format(name))
+
+
+def test_replace_needs_delete(pg_url: str, role: str, table: str) -> None:
+    ensure_log(pg_url)
+    base_table(pg_url, table)
+    run(pg_url, sql.SQL("GRANT INSERT ON {} TO {}").format(*map(sql.Identifier, (table, role))))
+    with pytest.raises(ConfigError) as refused:
+        plan(as_role(pg_url, role), table, mode="replace")
+    text = str(refused.value)
+    assert text.startswith(f"role {role} lacks DELETE on table public.{table} (mode=replace"), text
+    assert f'Fix: GRANT DELETE ON "public"."{table}" TO "{role}"' in text, text
