@@ -10,6 +10,7 @@ from sqlsink.errors import ConfigError, TransientError
 from sqlsink.options import Mode, SchemaEvolution, SinkOptions
 from sqlsink.postgres.catalog import TargetColumn, table_columns, unique_keys
 from sqlsink.postgres.connection import Connection
+from sqlsink.postgres.planning_errors import check_privileges, check_target_kind
 from sqlsink.postgres.upsert import BOOL_OID, UpsertPlan
 from sqlsink.tablename import TableName
 
@@ -75,6 +76,8 @@ def plan_target(
             f"table {table} does not exist (or this role cannot see it): create it, "
             "or set the option createTable=true to create it from the DataFrame's schema"
         )
+    check_target_kind(conn, table, upsert=options.mode is Mode.UPSERT)
+    existing = {c.name for c in columns}  # before evolution: the columns privileges name
     evolution = None
     if options.schema_evolution is not SchemaEvolution.NONE and column_type is not None:
         from sqlsink.postgres.evolution import plan_evolution
@@ -104,6 +107,10 @@ def plan_target(
                 else ""
             )
         )
+    written = [c.name for c in matched if c.name in existing and c.name != options.delete_column]
+    keys = upsert.keys if upsert is not None else ()
+    delete = options.delete_column is not None
+    check_privileges(conn, table, options.mode.value, written, keys, delete)
     if evolution is not None and evolution.changes:
         if replanned:  # changed by someone else between the ALTER and its re-planning
             raise TransientError(

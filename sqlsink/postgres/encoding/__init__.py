@@ -30,8 +30,10 @@ Semantics worth knowing:
 
 * Timestamps are microseconds since 2000-01-01 00:00 UTC. Arrow stores tz-aware timestamps as
   UTC instants, so any Arrow time zone into ``timestamptz`` is exact. A tz-less Arrow timestamp
-  (Spark's TimestampNTZ) into ``timestamptz`` is taken as UTC; a tz-aware one into ``timestamp``
-  (without time zone) stores its UTC wall time. Nanoseconds are floored to the microsecond
+  (Spark's TimestampNTZ) into ``timestamptz`` is taken as UTC, into ``timestamp`` stored as it
+  is; a tz-aware one into ``timestamp`` (without time zone) stores its wall time in its own
+  zone, DST-aware (``temporal.timestamp_encoder``): Spark labels TimestampType batches with the
+  session time zone, so 00:00 in New York stays 00:00. Nanoseconds are floored to the microsecond
   (toward negative infinity: the microsecond that contains the instant), as are nanosecond
   times and durations.
 * Text goes to the server as UTF-8 bytes (Arrow strings are UTF-8), so the connection's

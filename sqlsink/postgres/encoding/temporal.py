@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqlsink.postgres.encoding.buffers import values_and_validity
 from sqlsink.postgres.encoding.fields import (
@@ -14,6 +15,7 @@ from sqlsink.postgres.encoding.fields import (
     first_valid,
     fixed_fields,
 )
+from sqlsink.postgres.encoding.oids import TIMESTAMP
 
 # PostgreSQL's limits (src/include/datatype/timestamp.h), in the units used here.
 _PG_EPOCH_DAYS = 10_957  # 2000-01-01 - 1970-01-01
@@ -54,9 +56,18 @@ def _to_us(values: Arr, unit: str) -> tuple[Arr, Arr | None]:
 
 
 def timestamp_encoder(arrow: pa.DataType, oid: int) -> Encode:
+    """Instants into ``timestamptz``, exactly; into ``timestamp`` (without time zone), a
+    tz-aware Arrow timestamp becomes its wall time in its own zone (DST-aware, vectorised
+    by ``pyarrow.compute.local_timestamp``). Spark labels a TimestampType column with the
+    session time zone (``spark.sql.session.timeZone``) in the Arrow batches it hands the
+    sink, so 00:00 in New York is stored as 00:00, as Spark's JDBC writer stores it when
+    the JVM's zone is the session's. A tz-less one (TimestampNTZ) is stored as it is."""
     unit = arrow.unit
+    wall = oid == TIMESTAMP and arrow.tz is not None
 
     def timestamps(arr: pa.Array) -> Fields:
+        if wall:
+            arr = pc.local_timestamp(arr)
         values, valid = values_and_validity(arr, np.int64)
         us, overflow = _to_us(values, unit)
         bad = us < _MIN_TS_UNIX_US
