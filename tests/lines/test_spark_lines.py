@@ -59,6 +59,10 @@ def test_a_smoke_stream_on_every_pyspark_line(
     try:
         assert report["pyspark"] == LINES[line]
         assert table_ids(pg_url, foreach_table) == list(range(100))
+        # the per-batch line in the driver's log (its stderr), with no logging set up by
+        # the program: on every line, for the writer (and the data source where it runs)
+        sink = "line-" + foreach_table.replace("_", "-")
+        assert f" INFO sqlsink: sqlsink {sink}: batch 0: " in run.stderr, run.stderr[-3000:]
         if has_data_source(line):
             assert table_ids(pg_url, source_table) == list(range(100))
             assert report["register_error"] is None
@@ -132,6 +136,55 @@ def test_the_foreach_batch_writer_adds_a_column_on_the_oldest_line(
             (i, i / 4, False) for i in range(50, 80)
         ]
         assert prepared == (0,)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+@pytest.mark.parametrize("line", ["3.5"])
+def test_the_foreach_batch_writer_keeps_the_session_zones_wall_time_on_the_oldest_line(
+    line: str, tmp_path: Path, pg_url: str, pg_server: PgServer
+) -> None:
+    """A timestamp into ``timestamp`` without time zone is the session zone's wall time
+    (00:00 in New York stays 00:00) on the oldest line too; ``timestamptz`` the instant."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    from tests.lines.tz_program import WALL, ZONE
+
+    python = str(ensure_env(LINES[line]))
+    table = f"tz_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, local_at timestamp, at timestamptz)"
+            ).format(sql.Identifier(table))
+        )
+    env = {**os.environ, **line_env(), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    env.pop("SQLSINK_FAULTS_FILE", None)
+    run = run_program(
+        "-m",
+        "tests.lines.tz_program",
+        pg_url,
+        table,
+        str(tmp_path),
+        timeout=600,
+        env=env,
+        python=python,
+    )
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        assert report == {"pyspark": LINES[line], "error": None}
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            rows = conn.execute(
+                sql.SQL("SELECT id, local_at, at FROM {} ORDER BY id").format(sql.Identifier(table))
+            ).fetchall()
+        walls = [dt.datetime.fromisoformat(t) for t in WALL]
+        assert rows == [
+            (i, wall, wall.replace(tzinfo=ZoneInfo(ZONE)).astimezone(dt.timezone.utc))
+            for i, wall in enumerate(walls)
+        ]
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
