@@ -1,0 +1,146 @@
+"""Attacks on the commit log's record of hand-overs (sql/011_handovers.sql, the check in
+spark/batch.py ``_check_writer``): real Spark, real PostgreSQL. What an operator does after
+the data-loss error (``recover --mark-skipped`` as the error advises, then a restart), and
+sequences that must raise no alarm (a query stopped or killed mid-batch, then restarted)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sqlsink
+from tests.fix_pg import PgServer, prepared_in_test_db
+from tests.spark.streams import (
+    add_source_file,
+    commit_log,
+    keyed_table,
+    run_foreach_batch,
+    table_ids,
+    write_source,
+)
+
+pytestmark = pytest.mark.spark
+log = logging.getLogger(__name__)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sqlsink", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def decided(url: str, sink_id: str) -> list[int]:
+    return sorted(commit_log(url, sink_id, "rows"))
+
+
+def catching_all(writer: sqlsink.ForeachBatchWriter, table: str, failing: int) -> Any:
+    """ "Keep the stream alive": every error of the writer is caught, the writer's refusals
+    of later batches too."""
+
+    def function(df: Any, batch_id: int) -> None:
+        try:
+            with writer.batch(batch_id) as b:
+                b.append(df, table)
+                if batch_id == failing:
+                    raise RuntimeError(f"a transient failure inside batch {batch_id}")
+        except Exception as exc:
+            log.info("caught in batch %d: %s", batch_id, exc)
+
+    return function
+
+
+def plain(writer: sqlsink.ForeachBatchWriter, table: str) -> Any:
+    def function(df: Any, batch_id: int) -> None:
+        with writer.batch(batch_id) as b:
+            b.append(df, table)
+
+    return function
+
+
+def test_mark_skipped_as_advised_then_a_restart_names_the_other_swallowed_batches(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """Batch 1 fails and is caught; the writer refuses batches 2 and 3 in that process
+    (nothing written) and the function catches that too: Spark committed 1, 2 and 3
+    without rows. The restart's error names batch 1 only; the operator does what it says
+    (``recover --mark-skipped 1 --checkpoint DIR``) and restarts: batches 2 and 3 were
+    never recorded as handed (refused before the record), so the next restart must still
+    not write batch 4 over their loss in silence."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(5 * b, 5 * b + 5) for b in range(4)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    run_foreach_batch(spark, source, checkpoint, catching_all(writer, table, 1))
+    assert table_ids(pg_url, table) == list(range(5))
+    assert decided(pg_url, sink_id) == [0]
+    assert all((checkpoint / "commits" / str(b)).exists() for b in range(4))
+
+    add_source_file(source, 4, range(100, 105))
+
+    def fresh() -> sqlsink.ForeachBatchWriter:
+        return sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    assert "batch 1 was handed to the writer" in str(stopped.value)
+
+    # as the error says (its --checkpoint may be left out: the query's runs recorded it)
+    done = cli("recover", "--url", pg_url, "--sink-id", sink_id, "--mark-skipped", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert decided(pg_url, sink_id) == [0, 1]
+
+    # the restart: batches 2 and 3 were committed by Spark without rows too; they were
+    # refused before their hand-over was recorded, and the commit's checkpoint check
+    # names them: batch 4 is not written over their loss in silence
+    with pytest.raises(Exception) as again:
+        run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    text = str(again.value)
+    assert "checkpoint records batches 2, 3 as committed" in text, text[-3000:]
+    assert table_ids(pg_url, table) == list(range(5))
+    assert decided(pg_url, sink_id) == [0, 1]
+    assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_query_stopped_mid_batch_then_restarted_raises_no_alarm(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """query.stop() while batch 1's function is inside the writer's block: Spark does not
+    commit batch 1; the restart runs it again (handed by a new run) then batch 2: no
+    data-loss error, every row once."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(5 * b, 5 * b + 5) for b in range(2)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    inside = tmp_path / "inside"
+
+    def slow(df: Any, batch_id: int) -> None:
+        with writer.batch(batch_id) as b:
+            b.append(df, table)
+            if batch_id == 1:
+                inside.touch()
+                time.sleep(8)
+
+    events = spark.readStream.schema("id long, payload string, ts timestamp, amount double")
+    stream = (
+        events.option("maxFilesPerTrigger", 1).json(str(source)).writeStream.foreachBatch(slow)
+        .option("checkpointLocation", str(checkpoint)).start()
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not inside.exists():
+        assert time.monotonic() < deadline, "batch 1 never began"
+        time.sleep(0.2)
+    stream.stop()
+    add_source_file(source, 2, range(100, 105))
+    restarted = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    run_foreach_batch(spark, source, checkpoint, plain(restarted, table))
+    assert table_ids(pg_url, table) == [*range(10), *range(100, 105)]
+    assert decided(pg_url, sink_id) == [0, 1, 2]
+    assert prepared_in_test_db(pg_server) == []
