@@ -30,7 +30,7 @@ def test_the_restarts_batch_in_flight_is_not_called_a_leftover(
         first.write(1, range(3, 6))
         with psycopg.connect(pg_url, autocommit=True) as conn:
             run_registry.record_end(conn, sink, first.run, "stopped", None)
-        code, human = status_of(pg_url, sink)
+        _, human = status_of(pg_url, sink)
         assert f"run {first.run} of sink {sink} left batch 1" in human, human
 
         second = Writer(pg_url, table, sink, query)
@@ -38,7 +38,7 @@ def test_the_restarts_batch_in_flight_is_not_called_a_leftover(
         second.write(1, range(6, 9), 1)
         mine = {g for g, _ in prepared_in_test_db(pg_server) if sink in g}
         assert mine and all(second.run in g for g in mine), mine  # run 1's rolled back
-        code, human = status_of(pg_url, sink)
+        _, human = status_of(pg_url, sink)
         assert "prepared and undecided" not in human, human
         assert "stopped at" not in human, human
     finally:

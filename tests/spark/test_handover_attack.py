@@ -144,3 +144,49 @@ def test_a_query_stopped_mid_batch_then_restarted_raises_no_alarm(
     assert table_ids(pg_url, table) == [*range(10), *range(100, 105)]
     assert decided(pg_url, sink_id) == [0, 1, 2]
     assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_failover_that_lost_the_newest_decision_is_not_blamed_on_the_function(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """The database went back in time (an asynchronous failover): batch 2's hand-over
+    reached the standby, its decision and rows did not; Spark's checkpoint has commits/2.
+    The restart hands batch 3 past the recorded hand-over of 2: the refusal must not say
+    only that the function caught the writer's error (it did not: the function is plain)
+    and tell the operator to change it; the database going back in time is the other
+    cause, as the checkpoint check says of the same state."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(5 * b, 5 * b + 5) for b in range(3)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    run_foreach_batch(spark, source, checkpoint, plain(writer, table))
+    assert decided(pg_url, sink_id) == [0, 1, 2]
+    # the failover: what batch 2 committed is gone, its hand-over stayed
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM sqlsink.decisions WHERE sink_id = %s AND batch_id = 2", (sink_id,)
+        )
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id >= 10").format(sql.Identifier(table)))
+        handed = conn.execute(
+            "SELECT max(batch_id) FROM sqlsink.handovers WHERE sink_id = %s", (sink_id,)
+        ).fetchone()
+    assert handed is not None and handed[0] == 2
+    add_source_file(source, 3, range(100, 105))
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(
+            spark,
+            source,
+            checkpoint,
+            plain(sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id), table),
+        )
+    text = str(stopped.value)
+    assert "data loss" in text and "batch 2" in text, text[-2000:]
+    message = text[text.find("data loss") :].split("\n")[0]  # the writer's, not Spark's
+    assert "back in time" in message, message
+    assert "--commit-lost 2" in message, message
+    assert table_ids(pg_url, table) == list(range(10))
+    assert prepared_in_test_db(pg_server) == []
