@@ -190,3 +190,34 @@ def test_a_failover_that_lost_the_newest_decision_is_not_blamed_on_the_function(
     assert "--commit-lost 2" in message, message
     assert table_ids(pg_url, table) == list(range(10))
     assert prepared_in_test_db(pg_server) == []
+
+
+def test_writer_skip_outside_the_stream_clears_the_handed_loss(
+    spark: Any, tmp_path: Path, pg_url: str, pg_server: PgServer, table: str
+) -> None:
+    """The other way DESIGN names to accept a lost batch: ``writer.skip(N)`` from a writer
+    given ``checkpoint_location=``, the query stopped. After it, the restart goes on: no
+    permanent alarm."""
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(5 * b, 5 * b + 5) for b in range(2)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+    run_foreach_batch(spark, source, checkpoint, catching_all(writer, table, 1))
+    add_source_file(source, 2, range(100, 105))
+
+    def fresh() -> sqlsink.ForeachBatchWriter:
+        return sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    assert "batch 1 was handed to the writer" in str(stopped.value)
+    operator = sqlsink.ForeachBatchWriter(
+        url=pg_url, sink_id=sink_id, checkpoint_location=str(checkpoint)
+    )
+    operator.skip(1)
+    assert decided(pg_url, sink_id) == [0, 1]
+    run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    assert table_ids(pg_url, table) == [*range(5), *range(100, 105)]
+    assert decided(pg_url, sink_id) == [0, 1, 2]
+    assert prepared_in_test_db(pg_server) == []
