@@ -86,3 +86,33 @@ def test_before_version_11_nothing_is_recorded_and_nothing_refused(pg_url: str) 
         backend.record_handover(sink, "r1", 3)
         assert [(h.run_id, h.batch_id) for h in backend.handovers(sink)] == [("r1", 3)]
         conn.execute("DELETE FROM sqlsink.handovers WHERE sink_id = %s", (sink,))
+
+
+def test_forget_removes_the_hand_overs_so_a_reused_sink_id_starts_clean(
+    pg_url: str, table: str
+) -> None:
+    """A stream's sink with an undecided hand-over above its highest decision (the loss
+    the writer refuses over), then ``sqlsink forget`` as the runbook's last resort: the
+    sink id reused by a new query must not meet the old run's hand-over."""
+    from tests.pg.protocol import Writer, make_table, new_sink
+
+    make_table(pg_url, table)
+    sink = new_sink()
+    writer = Writer(pg_url, table, sink, str(uuid.uuid4()))
+    writer.batch(0, range(3))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        PostgresBackend(conn).record_handover(sink, writer.run, 1)
+        conn.execute(  # the query stopped long ago: its run is dead
+            "UPDATE sqlsink.runs SET heartbeat_at = clock_timestamp() - interval '1 day' "
+            "WHERE sink_id = %s",
+            (sink,),
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "sqlsink", "forget", "--url", pg_url, "--sink-id", sink],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert PostgresBackend(conn).handovers(sink) == []
