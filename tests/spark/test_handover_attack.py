@@ -221,3 +221,56 @@ def test_writer_skip_outside_the_stream_clears_the_handed_loss(
     assert table_ids(pg_url, table) == [*range(5), *range(100, 105)]
     assert decided(pg_url, sink_id) == [0, 1, 2]
     assert prepared_in_test_db(pg_server) == []
+
+
+def test_a_swallowed_failure_whose_abort_failed_too_then_the_advice(
+    spark: Any,
+    tmp_path: Path,
+    pg_url: str,
+    pg_server: PgServer,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batch 1's block fails after its parts prepared, and its abort fails too (the
+    server unreachable a moment: faked in the committer's abort only), the function
+    catches the error: batch 1's transactions stay prepared and Spark commits it. The
+    restart is refused naming batch 1; the operator follows the error (mark it skipped),
+    is refused (the batch has prepared rows) and does what recover says instead
+    (--commit-lost): the restart goes on, nothing stays prepared, every row is in."""
+    from sqlsink.core.committer import Committer
+
+    keyed_table(pg_url, table)
+    sink_id = f"fb-{table[2:]}"
+    source, checkpoint = tmp_path / "src", tmp_path / "chk"
+    write_source(source, [range(5 * b, 5 * b + 5) for b in range(2)])
+    writer = sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+
+    def unreachable(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError("the server is unreachable (faked)")
+
+    monkeypatch.setattr(Committer, "abort_batch", unreachable)
+    run_foreach_batch(spark, source, checkpoint, catching_all(writer, table, 1))
+    monkeypatch.undo()
+    left = [g for g, _ in prepared_in_test_db(pg_server)]
+    assert left, "batch 1's transactions stay prepared"
+    add_source_file(source, 2, range(100, 105))
+
+    def fresh() -> sqlsink.ForeachBatchWriter:
+        return sqlsink.ForeachBatchWriter(url=pg_url, sink_id=sink_id)
+
+    with pytest.raises(Exception) as stopped:
+        run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    assert "batch 1 was handed to the writer" in str(stopped.value)
+    skipped = cli("recover", "--url", pg_url, "--sink-id", sink_id, "--mark-skipped", "1")
+    said = skipped.stdout + skipped.stderr
+    # refused: batch 1 is not without rows; recover names --commit-lost, which commits
+    # the batch's prepared rows (the whole batch here: its block failed after its parts)
+    assert skipped.returncode != 0 and "--commit-lost 1" in said, said
+    lost = cli("recover", "--url", pg_url, "--sink-id", sink_id, "--commit-lost", "1")
+    assert lost.returncode == 0, lost.stdout + lost.stderr
+    done = cli("recover", "--url", pg_url, "--sink-id", sink_id)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_foreach_batch(spark, source, checkpoint, plain(fresh(), table))
+    assert table_ids(pg_url, table) == [*range(10), *range(100, 105)]
+    assert decided(pg_url, sink_id) == [0, 1, 2]
+    assert prepared_in_test_db(pg_server) == []
