@@ -421,7 +421,12 @@ def handed_loss_error(
         f"order); then restart the query. (Only if a later run re-ran batch {first.batch_id} "
         "and the function returned from it without handing it to the writer, on purpose, "
         "is nothing lost: mark it skipped the same way; foreachBatch(writer.wrap(function)) "
-        "decides such batches itself.)",
+        "decides such batches itself.) Or the database went back in time (an asynchronous "
+        "failover to a standby, a point-in-time restore) and lost batch "
+        f"{first.batch_id}'s decision, not its hand-over: then the function is not at fault; "
+        "if the batch's prepared transactions survived (sqlsink status lists them), sqlsink "
+        f"recover --sink-id {sink_id} --commit-lost {first.batch_id} commits them, else "
+        "re-deliver the batch as above.",
         sink_id=sink_id,
         batch=batch_id,
         lost=batches,

@@ -32,6 +32,7 @@ from sqlsink.core.model import (
     NewDecision,
     TaskState,
 )
+from sqlsink.errors import ConfigError
 from sqlsink.postgres.connection import Connection
 
 log = logging.getLogger("sqlsink")
@@ -352,22 +353,46 @@ def record_handover(conn: Connection, sink_id: str, run_id: str, batch_id: int) 
     check then has nothing to go on, as before the table)."""
     if not has_handovers(conn):
         return
-    conn.execute(
-        "INSERT INTO sqlsink.handovers (sink_id, run_id, batch_id) VALUES (%s, %s, %s) "
-        "ON CONFLICT (sink_id, run_id) DO UPDATE SET batch_id = excluded.batch_id, "
-        "handed_at = excluded.handed_at",
-        (sink_id, run_id, batch_id),
-    )
+    try:
+        conn.execute(
+            "INSERT INTO sqlsink.handovers (sink_id, run_id, batch_id) VALUES (%s, %s, %s) "
+            "ON CONFLICT (sink_id, run_id) DO UPDATE SET batch_id = excluded.batch_id, "
+            "handed_at = excluded.handed_at",
+            (sink_id, run_id, batch_id),
+        )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise _handovers_denied(conn, sink_id, batch_id, exc) from None
 
 
 def handovers(conn: Connection, sink_id: str) -> list[Handover]:
     if not has_handovers(conn):
         return []
-    rows = conn.execute(
-        "SELECT run_id, batch_id, handed_at FROM sqlsink.handovers WHERE sink_id = %s",
-        (sink_id,),
-    ).fetchall()
+    try:
+        rows = conn.execute(
+            "SELECT run_id, batch_id, handed_at FROM sqlsink.handovers WHERE sink_id = %s",
+            (sink_id,),
+        ).fetchall()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise _handovers_denied(conn, sink_id, None, exc) from None
     return [Handover(str(r[0]), int(r[1]), r[2]) for r in rows]
+
+
+def _handovers_denied(
+    conn: Connection, sink_id: str, batch_id: int | None, exc: psycopg.Error
+) -> ConfigError:
+    """The role lacks the table an upgrade to version 11 added (grants given before it,
+    ON ALL TABLES IN SCHEMA sqlsink, do not cover it)."""
+    row = conn.execute("SELECT current_user").fetchone()
+    role = str(row[0]) if row else "the sink's role"
+    which = "" if batch_id is None else f" batch {batch_id}:"
+    return ConfigError(
+        f"sink {sink_id!r}:{which} the foreachBatch writer records each stream batch's "
+        f"hand-over in sqlsink.handovers (commit log version 11), and role {role} may not "
+        f"({exc.diag.message_primary}). Nothing of the batch was written. Fix: GRANT SELECT, "
+        f"INSERT, UPDATE ON sqlsink.handovers TO {role} (or connect as the schema's owner), "
+        "then restart the query",
+        sink_id=sink_id,
+    )
 
 
 def sink_tables(conn: Connection) -> tuple[str, ...]:

@@ -138,12 +138,24 @@ _NEEDED = {
     "sqlsink.markers": "SELECT,INSERT,DELETE",
     "sqlsink.schema_version": "SELECT",
 }
+# tables a later version adds: needed once present (the foreachBatch writer's check reads
+# and writes sqlsink.handovers before each stream batch); grants given before the upgrade
+# ("ON ALL TABLES IN SCHEMA sqlsink") do not cover them
+_NEEDED_ONCE_PRESENT = {"sqlsink.handovers": "SELECT,INSERT,UPDATE"}
+_PRESENT = (
+    "SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = 'sqlsink' AND c.relname = %s)"
+)
 
 
 def _commit_log_finding(conn: Connection, me: RoleInfo) -> Finding:
     """The commit log is installed: may this role read and write it?"""
     missing = []
-    for table, privileges in _NEEDED.items():
+    needed = dict(_NEEDED)
+    needed.update(
+        (t, p) for t, p in _NEEDED_ONCE_PRESENT.items() if _true(conn, _PRESENT, (t.split(".")[1],))
+    )
+    for table, privileges in needed.items():
         # has_table_privilege with a list is true if ANY is held: ask one at a time
         lacking = [
             p
