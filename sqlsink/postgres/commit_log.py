@@ -343,9 +343,19 @@ _COMPLETE_AND_DELETE_MARKERS = (
 # -- the foreachBatch writer's hand-overs (schema 11) -------------------------------------
 
 
+# sessions that have seen sqlsink.handovers: a table of the commit log is never dropped
+# (forget deletes rows), so one look per session, not two per batch
+_HANDOVERS_SEEN: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
 def has_handovers(conn: Connection) -> bool:
+    if conn in _HANDOVERS_SEEN:
+        return True
     row = conn.execute("SELECT to_regclass('sqlsink.handovers') IS NOT NULL").fetchone()
-    return bool(row and row[0])
+    if row and row[0]:
+        _HANDOVERS_SEEN.add(conn)
+        return True
+    return False
 
 
 def record_handover(conn: Connection, sink_id: str, run_id: str, batch_id: int) -> None:
