@@ -189,3 +189,22 @@ def fence_runs(conn: Connection, db: str, sink_id: str, run_ids: Collection[str]
             execute(conn, "ROLLBACK")
         raise
     return sorted(str(r[0]) for r in found)
+
+
+END_ERROR_MAX = 2000  # the recorded error's first characters
+
+
+def record_end(
+    conn: Connection, db: str, sink_id: str, run_id: str, how: str, error: str | None
+) -> bool:
+    """Record that the run ended (``how``: 'stopped' or 'failed', ``error`` its first line,
+    already scrubbed); the first record stands. One statement on the run's row, bounded by
+    the session's innodb_lock_wait_timeout. False when nothing was recorded: no such run,
+    or already ended. Informational: a run's liveness does not read it."""
+    changed = execute(
+        conn,
+        f"UPDATE `{db}`.runs SET ended_at = current_timestamp(6), ended_how = %s, "
+        "ended_error = %s WHERE sink_id = %s AND run_id = %s AND ended_at IS NULL",
+        (how, None if error is None else error[:END_ERROR_MAX], sink_id, run_id),
+    )
+    return changed > 0
