@@ -147,3 +147,51 @@ def test_foreach_batch_writes_one_batch_to_two_tables_atomically(
     assert ids(mariadb_server, b) == list(range(40))  # nothing of batch 1 in either
     assert sink_branches(mariadb_server) == []
     assert decided(mariadb_server, writer.sink_id) == {0: True}
+
+
+def _one_off_loads(server: MariaServer) -> int:
+    conn = connect(server.url())
+    try:
+        return int(
+            rows(conn, "SELECT count(*) FROM sqlsink.sinks WHERE sink_id LIKE 'load-%'")[0][0]
+        )
+    finally:
+        conn.close()
+
+
+def test_a_batch_write_is_all_or_nothing_and_a_named_load_runs_once(
+    spark: Any, mariadb_server: MariaServer, mtable: str
+) -> None:
+    """df.write.format("sqlsink"): one decision for every partition; the one-off load's
+    log removed after it; a named load (sinkId) written once however often it runs; the
+    password given as the option password, not in the URL."""
+    url, password = mariadb_server.url().replace(":sink-pw@", "@"), "sink-pw"
+
+    def save(df: Any, **more: str) -> None:
+        writer = df.write.format("sqlsink").mode("append")
+        for key, value in {"url": url, "table": mtable, "password": password, **more}.items():
+            writer = writer.option(key, value)
+        writer.save()
+
+    frame = spark.range(0, 1000, 1, 4).selectExpr("id", "concat('row ', id) AS payload")
+    before = _one_off_loads(mariadb_server)
+    save(frame, createTable="true")
+    assert ids(mariadb_server, mtable) == list(range(1000))
+    assert _one_off_loads(mariadb_server) == before
+    assert sink_branches(mariadb_server) == []
+    load = f"load-{mtable[2:]}"
+    more = spark.range(1000, 1300, 1, 3).selectExpr("id", "concat('row ', id) AS payload")
+    save(more, sinkId=load)
+    save(more, sinkId=load)
+    assert ids(mariadb_server, mtable) == list(range(1300))
+    # a partition that fails (a NULL into NOT NULL) leaves nothing of the write visible
+    bad = spark.range(2000, 2400, 1, 4).selectExpr(
+        "id", "CASE WHEN id = 2333 THEN NULL ELSE 'x' END AS payload"
+    )
+    conn = connect(mariadb_server.url())
+    execute(conn, f"ALTER TABLE `{mtable}` MODIFY payload longtext NOT NULL")
+    conn.close()
+    with pytest.raises(Exception, match="payload"):
+        save(bad)
+    assert ids(mariadb_server, mtable) == list(range(1300))
+    assert sink_branches(mariadb_server) == []

@@ -228,3 +228,33 @@ def test_mysql_untested_is_a_warning_once(caplog: pytest.LogCaptureFixture) -> N
         maria_loading.check_server(FakeConn())
     said = [r for r in caplog.records if "untested" in r.getMessage()]
     assert len(said) == 1 and "MySQL 8.0.36-unit-test" in said[0].getMessage()
+
+
+def test_mariadb_planning_refuses_replace_before_any_session() -> None:
+    from sqlsink.mariadb.loading import LOADING
+
+    options = SinkOptions.parse({"url": URL, "table": "orders", "mode": "replace"})
+    with pytest.raises(ConfigError, match="replace") as caught:
+        LOADING.plan(
+            options,
+            key="orders",
+            sink_id="s",
+            field_names=["id"],
+            create_columns=None,
+            arrow_schema=lambda: None,
+            column_type=None,
+            before_changes=None,
+        )
+    assert "DDL ends a transaction" in str(caught.value)
+
+
+def test_the_option_password_reaches_the_executors_url_and_is_scrubbed() -> None:
+    from sqlsink.mariadb.loading import LOADING, session_url
+
+    options = SinkOptions.parse(
+        {"url": "mariadb://app@h:3306/shop", "table": "orders", "password": "p@ss w&rd"}
+    )
+    assert params_of(session_url(options))["password"] == "p@ss w&rd"
+    text = f"failed: {session_url(options)} said p@ss w&rd"
+    scrubbed = LOADING.scrub(text, options)
+    assert "p@ss" not in scrubbed and "w&rd" not in scrubbed
