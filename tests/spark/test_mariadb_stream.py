@@ -1,9 +1,10 @@
 """MariaDB behind the seam, end to end (issue 31): real Spark, a private MariaDB server
 (tests/fix_mariadb.py), ``url=mariadb://...``.
 
-- ``format("sqlsink")``: every record exactly once; the driver SIGKILLed between two
-  ``XA COMMIT``s (fault ``mid_commit``), then the query restarted from its checkpoint:
-  every record once, nothing of the sink left in ``XA RECOVER``.
+- ``format("sqlsink")``: every record exactly once; the driver SIGKILLed before the
+  decision, between two ``XA COMMIT``s (fault ``mid_commit``) and after the decision,
+  then the query restarted from its checkpoint: every record once, nothing of the sink
+  left in ``XA RECOVER``. A batch write all or nothing.
 - The foreachBatch writer: one batch into two tables, atomically (a part that fails
   leaves nothing of the batch in the other table, nothing prepared)."""
 
@@ -93,18 +94,35 @@ def test_a_stream_writes_every_record_once(
     assert ids(mariadb_server, mtable) == list(range(100))
 
 
-def test_driver_killed_mid_commit_then_restarted(
-    spark: Any, tmp_path: Path, mariadb_server: MariaServer, mtable: str
+@pytest.mark.parametrize(
+    ("point", "decided_then", "left_then"),
+    [
+        ("before_decision", {0: True}, 2),  # batch 1 prepared, undecided
+        ("mid_commit", {0: True, 1: False}, 1),  # one branch committed, one prepared
+        ("after_decision", {0: True, 1: False}, 2),  # decided, nothing committed yet
+    ],
+)
+def test_driver_killed_at_a_step_then_restarted(
+    spark: Any,
+    tmp_path: Path,
+    mariadb_server: MariaServer,
+    mtable: str,
+    point: str,
+    decided_then: dict[int, bool],
+    left_then: int,
 ) -> None:
     url = mariadb_server.url()
     write_source(tmp_path / "src", BATCHES)
-    kill_driver_at("mid_commit", 1, tmp_path, url, mtable)
+    kill_driver_at(point, 1, tmp_path, url, mtable)
     sink_id = query_id(tmp_path / "chk")
-    assert decided(mariadb_server, sink_id) == {0: True, 1: False}
+    assert decided(mariadb_server, sink_id) == decided_then
     left = [g for g in sink_branches(mariadb_server) if f"_{sink_id}_" in f"_{g}_"]
-    assert len(left) == 1, left  # one of the two branches committed, one still prepared
+    assert len(left) == left_then, left
     seen = ids(mariadb_server, mtable)
-    assert set(range(30)) <= set(seen) < set(range(70))  # batch 1 half visible, decided
+    if point == "mid_commit":
+        assert set(range(30)) < set(seen) < set(range(70))  # batch 1 half visible
+    else:
+        assert seen == list(range(30))  # nothing of batch 1 visible
     run_query(spark, tmp_path / "src", tmp_path / "chk", {"url": url, "table": mtable})
     assert ids(mariadb_server, mtable) == list(range(100))
     assert decided(mariadb_server, sink_id) == {0: True, 1: True, 2: True}
