@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,26 @@ def decided(server: MariaServer, sink_id: str) -> dict[int, bool]:
     return {int(b): bool(c) for b, c in found}
 
 
+def run_ends(server: MariaServer, sink_id: str, within_s: float = 20.0) -> list[str]:
+    """How the sink's runs ended, as the query listener recorded it (it records when the
+    query terminates, on Spark's listener thread: waited for, at most ``within_s``)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        conn = connect(server.url())
+        try:
+            found = rows(
+                conn,
+                "SELECT ended_how FROM sqlsink.runs WHERE sink_id = %s ORDER BY first_seen",
+                (sink_id,),
+            )
+        finally:
+            conn.close()
+        ends = [str(r[0]) for r in found]
+        if (found and None not in [r[0] for r in found]) or time.monotonic() > deadline:
+            return ends
+        time.sleep(0.2)
+
+
 def test_a_stream_writes_every_record_once(
     spark: Any, tmp_path: Path, mariadb_server: MariaServer, mtable: str
 ) -> None:
@@ -87,6 +108,7 @@ def test_a_stream_writes_every_record_once(
     finally:
         conn.close()
     assert row[0] == "record 7 ✓" and str(row[1]) == "2026-01-01 00:00:07" and row[2] == 1.75
+    assert run_ends(mariadb_server, query_id(tmp_path / "chk")) == ["stopped"]
     # a replay of batch 1 (as if the driver died after the commit, before commits/1)
     for name in ("2", ".2.crc"):
         (tmp_path / "chk" / "commits" / name).unlink(missing_ok=True)
