@@ -1,10 +1,12 @@
 """The one entry from a URL to the database the sink writes to, chosen by its scheme
 (``postgresql://``, ``postgres://``, ``jdbc:postgresql:``, a libpq ``key=value``
-string). The Spark adapters and the CLI import no backend module but this one."""
+string: PostgreSQL; ``mariadb://``, ``mysql://``, ``jdbc:mariadb:``, ``jdbc:mysql:``:
+MariaDB and MySQL, on XA). The Spark adapters and the CLI import no backend module but
+this one."""
 
 from __future__ import annotations
 
-from sqlsink.conninfo import scheme_problem
+from sqlsink.conninfo import is_mariadb, scheme_problem
 from sqlsink.core.database import Database
 from sqlsink.errors import ConfigError
 
@@ -15,6 +17,10 @@ def open_database(url: str) -> Database:
     problem = scheme_problem(url)
     if problem is not None:
         raise ConfigError(problem)
-    from sqlsink.postgres.entry import POSTGRESQL  # the one backend today
+    if is_mariadb(url):
+        from sqlsink.mariadb.entry import MARIADB
+
+        return MARIADB
+    from sqlsink.postgres.entry import POSTGRESQL
 
     return POSTGRESQL

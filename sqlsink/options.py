@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
-from sqlsink.conninfo import scheme_problem, with_params
+from sqlsink.conninfo import default_schema, scheme_problem, with_params
 from sqlsink.core.checkpoint_check import CheckpointMode
 from sqlsink.core.committer import DEFAULT_KEEP_BATCHES, DEFAULT_RUN_TIMEOUT_S
 from sqlsink.core.gid import check_sink_id
@@ -168,7 +168,7 @@ class SinkOptions:
 
         def table_of() -> TableName:
             try:
-                return TableName.parse(opts["table"])
+                return TableName.parse(opts["table"], default_schema(opts["url"]))
             except ValueError as exc:
                 raise ConfigError(f"option table: {exc}") from None
 
@@ -415,7 +415,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "url",
         "required",
         "libpq URI or `key=value` conninfo (a `jdbc:` prefix is accepted); a multi-host URL "
-        "with `target_session_attrs=read-write` follows a failover",
+        "with `target_session_attrs=read-write` follows a failover. MariaDB (tested on "
+        "10.11) and MySQL 8.0.30+ (untested): `mariadb://user:password@host:port/database` "
+        "or `mysql://...` (exactly_once append only)",
         writer="`url=` argument",
     ),
     OptionSpec(

@@ -20,13 +20,16 @@ class Capability(enum.Enum):
     """What one database has and another may lack. A feature that needs a capability
     the database lacks is refused before anything is written (:func:`require`)."""
 
-    BINARY_COPY = "a binary bulk load (COPY ... FROM STDIN BINARY)"
+    # a partition's rows streamed into its prepared transaction in one statement
+    # (PostgreSQL's binary COPY FROM STDIN, MariaDB's LOAD DATA LOCAL INFILE from a FIFO)
+    BULK_LOAD = "a bulk load of a partition into a prepared transaction"
     CONSISTENT_VIEW = "a consistent view of whole batches (consistentView)"
     UPSERT = "upsert (mode=upsert)"
     SCHEMA_EVOLUTION = "additive schema evolution (schemaEvolution)"
     POOLER_DETECTION = "detecting a transaction pooler in front of the server"
     SERVER_CHECKS = "judging the server's settings (sqlsink check)"
     SESSION_KEPT_AFTER_PREPARE = "keeping a partition's session after it prepares"
+    ADMIN_COMMANDS = "the operator's commands (sqlsink status, recover, forget, metrics)"
 
 
 class Database(Protocol):

@@ -10,7 +10,6 @@ slice: LOAD DATA against multi-row INSERT)."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
 Connection = Any  # pymysql.connections.Connection: PyMySQL ships no types
@@ -18,21 +17,25 @@ Connection = Any  # pymysql.connections.Connection: PyMySQL ships no types
 LOG_DATABASE = "sqlsink"  # the commit log's database on the same server
 
 
-def connect(url: str, *, database: str | None = None, **kw: Any) -> Connection:
-    """A session for ``mariadb://user:password@host:port/database`` (or ``mysql://``):
-    autocommit, UTC, READ COMMITTED (the commit log's reads and deletes never wait on a
-    prepared branch's rows they do not match)."""
+def connect(
+    url: str, *, database: str | None = None, password: str | None = None, **kw: Any
+) -> Connection:
+    """A session for ``mariadb://user:password@host:port/database`` (or ``mysql://``, a
+    ``jdbc:`` prefix, ``user``/``password`` as query parameters; ``password`` given here
+    wins over the URL's): autocommit, UTC, READ COMMITTED (the commit log's reads and
+    deletes never wait on a prepared branch's rows they do not match)."""
     import pymysql
 
-    parts = urllib.parse.urlsplit(url)
-    where: dict[str, Any] = {"host": parts.hostname or "localhost", "port": parts.port or 3306}
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    if "unix_socket" in query:
-        where = {"unix_socket": query["unix_socket"]}
+    from sqlsink.urlparts import mariadb_params
+
+    params = mariadb_params(url)
+    where: dict[str, Any] = {"host": params["host"] or "localhost", "port": params["port"] or 3306}
+    if params.get("unix_socket"):
+        where = {"unix_socket": params["unix_socket"]}
     conn = pymysql.connect(
-        user=urllib.parse.unquote(parts.username or ""),
-        password=urllib.parse.unquote(parts.password or ""),
-        database=database if database is not None else (parts.path.lstrip("/") or None),
+        user=params["user"] or "",
+        password=password if password is not None else (params["password"] or ""),
+        database=database if database is not None else params["dbname"],
         autocommit=True,
         charset="utf8mb4",
         connect_timeout=kw.pop("connect_timeout", 10),

@@ -14,6 +14,7 @@ from sqlsink.conninfo import (
     scheme_problem,
     secrets_of,
     shown,
+    wrong_backend,
 )
 from sqlsink.credentials import PasswordSource
 from sqlsink.errors import ConfigError, TransientError
@@ -73,7 +74,7 @@ def connect(url: str, password: Password = None, *, application_name: str) -> Co
     """
     from sqlsink.postgres import pooler
 
-    wrong_database = scheme_problem(url)
+    wrong_database = scheme_problem(url) or wrong_backend(url)
     if wrong_database is not None:  # before libpq reads it as a malformed postgresql URI
         raise ConfigError(wrong_database)
     source = password if isinstance(password, PasswordSource) else None

@@ -34,7 +34,7 @@ def require_capabilities(database: Database, options: SinkOptions) -> None:
     cannot do it."""
     from sqlsink.core.database import Capability, require
 
-    require(database, Capability.BINARY_COPY, "the sink's load")
+    require(database, Capability.BULK_LOAD, "the sink's load")
     if options.mode is Mode.UPSERT:
         require(database, Capability.UPSERT, "mode=upsert")
     if options.schema_evolution is not SchemaEvolution.NONE:

@@ -43,7 +43,7 @@ class Lacking:
         (Capability.CONSISTENT_VIEW, {"consistentView": "shop_view"}, "consistentView"),
         (Capability.UPSERT, {"mode": "upsert", "keyColumns": "id"}, "mode=upsert"),
         (Capability.SCHEMA_EVOLUTION, {"schemaEvolution": "addColumns"}, "schemaEvolution"),
-        (Capability.BINARY_COPY, {}, "the sink's load"),
+        (Capability.BULK_LOAD, {}, "the sink's load"),
     ],
 )
 def test_planning_refuses_what_the_database_cannot_do(

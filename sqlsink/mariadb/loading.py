@@ -1,0 +1,463 @@
+"""The Spark adapters' interface (:class:`sqlsink.core.loading.Loading`) for MariaDB and
+MySQL: planning (the server's version, ``local_infile``, the commit log, the table
+matched against the DataFrame or created through SQLAlchemy's MySQL dialect), the
+partition writer (``sqlsink.mariadb.partition``: LOAD DATA LOCAL INFILE into an XA
+branch), the committer's and the heartbeat's backend, the run's end record.
+
+What is PostgreSQL's only, and how each method here answers it:
+- ``consistent_views``: a ConfigError (no consistent view on MariaDB; planning refuses
+  ``consistentView`` first, by the missing capability).
+- ``view_sharing_rows``: None (no view of the sink's exists on MariaDB);
+  ``rewrite_refusal``: a sentence, never reached (no view).
+- ``slots_refusal``: None: MariaDB has no ``max_prepared_transactions``; a prepared
+  branch holds no session (the partition disconnects after XA PREPARE), so the number
+  of partitions is bounded only by ``max_connections`` during the load, which the
+  server refuses in its own words (``sqlsink check`` on MariaDB is not built).
+- ``recheck_after_commit``: no-op (the server checks are not built on MariaDB).
+- ``check_writer_start``: the server's version and the commit log (XA needs no setting).
+Refused at planning with the reason: upsert, replace, schemaEvolution, consistentView
+(by capability), a dead-letter table, a semantic other than exactly_once, TLS options.
+Every method imports what it needs when called."""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlsink.core.backend import TwoPhaseBackend, ViewKeeper
+    from sqlsink.core.loading import (
+        ColumnKind,
+        Mode,
+        SchemaChanges,
+        SinkOptions,
+        TableName,
+    )
+    from sqlsink.core.loading import TargetPlan as AnyPlan
+    from sqlsink.core.model import Decision, PartitionOutcome, TaskIdentity
+    from sqlsink.mariadb.backend import MariaDBBackend
+    from sqlsink.mariadb.connection import Connection
+
+log = logging.getLogger("sqlsink")
+
+# MySQL's XA is crash-safe with the binary log from 8.0.30 (issue 31); older is refused
+MYSQL_XA_SAFE = (8, 0, 30)
+_warned: set[str] = set()
+
+
+def server_verdict(version: str) -> tuple[str | None, str | None]:
+    """(refusal, warning) for a server's ``VERSION()``: MariaDB passes; MySQL older than
+    8.0.30 is refused, newer is served but untested (no MySQL server in the tests)."""
+    if "mariadb" in version.lower():
+        return None, None
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+    if numbers < MYSQL_XA_SAFE:
+        return (
+            f"the server is MySQL {version}: sqlsink refuses MySQL older than 8.0.30, whose "
+            "XA is not crash-safe with the binary log (a crash can lose a prepared or "
+            "committed branch, or apply it on a replica only). Nothing was written. Fix: "
+            "upgrade to MySQL 8.0.30 or later, or write to MariaDB",
+            None,
+        )
+    return None, (
+        f"the server is MySQL {version}: sqlsink's XA backend is tested on MariaDB 10.11 "
+        "only; on MySQL 8.0.30+ it runs the same statements but is untested"
+    )
+
+
+def check_server(conn: Connection) -> None:
+    """Refuse a MySQL older than 8.0.30; warn (once per process) that MySQL is untested."""
+    from sqlsink.mariadb.connection import rows
+
+    version = str(rows(conn, "SELECT VERSION()")[0][0])
+    refusal, warning = server_verdict(version)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    if warning is not None and version not in _warned:
+        _warned.add(version)
+        log.warning("sqlsink: %s", warning)
+
+
+def password_of(options: SinkOptions) -> str | None:
+    """The option password, or what the password command or provider gives."""
+    from sqlsink.credentials import PasswordSource
+
+    given = options.password
+    return given.get() if isinstance(given, PasswordSource) else given
+
+
+def session_url(options: SinkOptions) -> str:
+    """The URL with the option password in it (a query parameter, which wins over the
+    URL's own): the partition's target carries one string to the executors."""
+    password = password_of(options)
+    if password is None:
+        return str(options.url)
+    url = str(options.url)
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}password={urllib.parse.quote(password, safe='')}"
+
+
+@contextmanager
+def _session(options: SinkOptions, **kw: Any) -> Iterator[Connection]:
+    from sqlsink.mariadb.connection import connect
+
+    conn = connect(options.url, password=password_of(options), **kw)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class MariaDBPlan:
+    """The table (its database and name) and its columns in the DataFrame's order."""
+
+    database: str
+    table: str
+    columns: tuple[str, ...]
+    key: tuple[str, ...] = ()
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.database}.{self.table}"
+
+
+def _writable(kind: Any) -> bool:
+    import pyarrow as pa
+
+    t = pa.types
+    return bool(
+        t.is_null(kind)
+        or t.is_boolean(kind)
+        or t.is_integer(kind)
+        or t.is_floating(kind)
+        or t.is_decimal(kind)
+        or t.is_date(kind)
+        or t.is_timestamp(kind)
+        or t.is_string(kind)
+        or t.is_large_string(kind)
+        or t.is_binary(kind)
+        or t.is_large_binary(kind)
+    )
+
+
+def _refuse_options(options: SinkOptions) -> None:
+    problems = []
+    if options.mode.value == "replace":
+        problems.append(
+            "the complete output mode (replace) needs a TRUNCATE inside the prepared "
+            "transaction, which MariaDB's XA cannot hold (DDL ends a transaction)"
+        )
+    if options.semantic.value != "exactly_once":
+        problems.append(
+            f"semantic={options.semantic.value} is not built on MariaDB (exactly_once is)"
+        )
+    if options.dead_letter_table is not None:
+        problems.append("deadLetterTable is not built on MariaDB")
+    if problems:
+        raise ConfigError(
+            f"sqlsink on MariaDB (table {options.table}): {'; '.join(problems)}. Nothing "
+            "was written"
+        )
+
+
+def _columns(conn: Connection, database: str, table: str) -> list[tuple[Any, ...]]:
+    from sqlsink.mariadb.connection import rows
+
+    return rows(
+        conn,
+        "SELECT column_name, is_nullable, column_default, extra FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+        (database, table),
+    )
+
+
+def match_columns(
+    where: str,
+    engine: str | None,
+    table_columns: Sequence[tuple[Any, ...]],
+    field_names: Sequence[str],
+    field_types: Mapping[str, Any],
+) -> tuple[str, ...]:
+    """The table's name of each DataFrame column (MariaDB's column names are case
+    insensitive); every mismatch in one ConfigError."""
+    by_name = {str(c[0]).lower(): c for c in table_columns}
+    problems = []
+    if engine is not None and engine.lower() != "innodb":
+        problems.append(
+            f"its engine is {engine}, which takes no part in XA (its rows would be written "
+            "at once, outside the batch's transaction): use ENGINE=InnoDB"
+        )
+    matched = []
+    for field in field_names:
+        column = by_name.get(field.lower())
+        if column is None:
+            problems.append(f"DataFrame column {field!r} is not in the table")
+            continue
+        if "generated" in str(column[3]).lower():
+            problems.append(f"column {column[0]!r} is generated: the DataFrame cannot write it")
+        if not _writable(field_types[field]):
+            problems.append(
+                f"DataFrame column {field!r} has Arrow type {field_types[field]}, which the "
+                "MariaDB load does not write: cast it in Spark to a string, a number, a "
+                "decimal, a date or a timestamp"
+            )
+        matched.append(str(column[0]))
+    given = {f.lower() for f in field_names}
+    for name, nullable, default, extra in table_columns:
+        if str(name).lower() in given or nullable == "YES" or default is not None:
+            continue
+        if "auto_increment" in str(extra).lower() or "generated" in str(extra).lower():
+            continue
+        problems.append(f"table column {name!r} is NOT NULL without a default and not given")
+    if problems:
+        raise ConfigError(
+            f"table {where} does not match the DataFrame: {'; '.join(problems)}. Nothing was "
+            "written"
+        )
+    return tuple(matched)
+
+
+class MariaDBLoading:
+    """:class:`sqlsink.core.loading.Loading` for MariaDB (and MySQL 8.0.30+, untested)."""
+
+    def plan(
+        self,
+        options: SinkOptions,
+        *,
+        key: str,
+        sink_id: str | None,
+        field_names: Sequence[str],
+        create_columns: Callable[[], Sequence[Any]] | None,
+        arrow_schema: Callable[[], Any],
+        column_type: Callable[[str], Any] | None,
+        before_changes: Callable[[SchemaChanges], None] | None,
+    ) -> MariaDBPlan:
+        from sqlsink.mariadb.connection import rows
+        from sqlsink.mariadb.schema import ensure_schema
+
+        _refuse_options(options)
+        database, name = options.table.schema, options.table.name
+        if not database:
+            raise ConfigError(
+                f"table {name!r} names no database and the url names none: give the table "
+                "as database.table, or the url as mariadb://user@host:port/database"
+            )
+        where = f"`{database}`.`{name}`"
+        with _session(options, local_infile=True) as conn:
+            check_server(conn)
+            if not rows(conn, "SELECT @@local_infile")[0][0]:
+                raise ConfigError(
+                    "the server refuses LOAD DATA LOCAL INFILE (local_infile is OFF), which "
+                    "the sink's load needs. Nothing was written. Fix: SET GLOBAL "
+                    "local_infile = ON (and local_infile=ON in the server's configuration)"
+                )
+            ensure_schema(conn)
+            found = _columns(conn, database, name)
+            if not found and create_columns is not None:
+                self._create(conn, database, name, create_columns())
+                found = _columns(conn, database, name)
+            if not found:
+                raise ConfigError(
+                    f"table {where} does not exist (or the sink's user cannot see it). "
+                    "Nothing was written. Fix: create it, or set createTable=true"
+                )
+            engine = rows(
+                conn,
+                "SELECT engine FROM information_schema.tables "
+                "WHERE table_schema = %s AND table_name = %s",
+                (database, name),
+            )
+            arrow = arrow_schema()
+            types = {f.name: f.type for f in arrow}
+            columns = match_columns(
+                where, str(engine[0][0]) if engine else None, found, field_names, types
+            )
+        return MariaDBPlan(database, name, columns)
+
+    def _create(self, conn: Connection, database: str, name: str, columns: Sequence[Any]) -> None:
+        import sqlalchemy as sa
+        from sqlalchemy.dialects import mysql
+        from sqlalchemy.schema import CreateTable
+
+        from sqlsink.mariadb.connection import execute
+
+        table = sa.Table(
+            name,
+            sa.MetaData(),
+            *columns,
+            schema=database,
+            mysql_engine="InnoDB",
+            mysql_charset="utf8mb4",
+        )
+        ddl = CreateTable(table, if_not_exists=True).compile(dialect=mysql.dialect())
+        execute(conn, str(ddl).replace("%", "%%"))
+
+    def column_type(self, kind: ColumnKind) -> Any | None:
+        """MariaDB's type (SQLAlchemy's MySQL dialect) of ``kind``; None for an array (no
+        array type on MariaDB)."""
+        import sqlalchemy as sa
+        from sqlalchemy.dialects import mysql
+
+        simple: dict[str, Any] = {
+            "boolean": sa.Boolean,
+            "int8": mysql.TINYINT,
+            "int16": sa.SmallInteger,
+            "int32": sa.Integer,
+            "int64": sa.BigInteger,
+            "float32": mysql.FLOAT,
+            "float64": mysql.DOUBLE,
+            "string": mysql.LONGTEXT,
+            "binary": mysql.LONGBLOB,
+            "date": sa.Date,
+            # DATETIME(6), not TIMESTAMP: TIMESTAMP ends in 2038; the session is in UTC
+            "timestamp": lambda: mysql.DATETIME(fsp=6),
+            "timestamptz": lambda: mysql.DATETIME(fsp=6),
+        }
+        if kind.name in simple:
+            return simple[kind.name]()
+        if kind.name == "decimal":
+            return sa.Numeric(kind.precision, kind.scale)
+        return None  # arrays, documents: the load does not write them
+
+    def column(self, name: str, type_: Any, nullable: bool) -> Any:
+        import sqlalchemy as sa
+
+        return sa.Column(name, type_, nullable=nullable)
+
+    def view_sharing_rows(
+        self, options: SinkOptions, table: TableName, views: Mapping[TableName, TableName]
+    ) -> TableName | None:
+        return None  # no consistent view on MariaDB, so none of the sink's shares rows
+
+    def rewrite_refusal(
+        self, where: str, table: TableName, mode: Mode, view: TableName, viewed: TableName
+    ) -> str:
+        return f"{where}: {mode.value} into {table}, which view {view} of {viewed} shows"
+
+    @contextmanager
+    def committer_backend(self, options: SinkOptions, sink_id: str) -> Iterator[MariaDBBackend]:
+        with self._backend(options) as backend:
+            yield backend
+
+    @contextmanager
+    def heartbeat_backend(self, options: SinkOptions, sink_id: str) -> Iterator[MariaDBBackend]:
+        with self._backend(options) as backend:
+            yield backend
+
+    @contextmanager
+    def _backend(self, options: SinkOptions) -> Iterator[MariaDBBackend]:
+        from sqlsink.mariadb.backend import MariaDBBackend
+
+        with _session(options) as conn:
+            yield MariaDBBackend(conn, options.lock_timeout_s)
+
+    def consistent_views(
+        self, backend: TwoPhaseBackend, views: Sequence[tuple[TableName, TableName]]
+    ) -> ViewKeeper:
+        raise ConfigError(
+            "consistentView is not built on MariaDB (no consistent view of whole batches); "
+            "nothing of the batch is committed"
+        )
+
+    def check_writer_start(self, backend: TwoPhaseBackend, *, exactly_once: bool) -> None:
+        from sqlsink.mariadb.backend import MariaDBBackend
+        from sqlsink.mariadb.schema import ensure_schema
+
+        assert isinstance(backend, MariaDBBackend), type(backend)
+        check_server(backend.conn)  # XA needs no server setting: the version only
+        ensure_schema(backend.conn)
+
+    def slots_refusal(self, options: SinkOptions, partitions: int) -> ConfigError | None:
+        return None  # no max_prepared_transactions: a prepared branch holds no session
+
+    def recheck_after_commit(
+        self,
+        backend: TwoPhaseBackend,
+        *,
+        key: str,
+        partitions: int,
+        slowest_write_s: float | None,
+        partition_cap: int | None,
+        exactly_once: bool,
+    ) -> None:
+        return None  # the server checks are not built on MariaDB (Capability.SERVER_CHECKS)
+
+    def write_partition(
+        self, options: SinkOptions, plan: AnyPlan, task: TaskIdentity, batches: Iterable[Any]
+    ) -> PartitionOutcome:
+        from sqlsink.mariadb.partition import LoadTarget, write_partition
+
+        assert isinstance(plan, MariaDBPlan), type(plan)
+        target = LoadTarget(
+            url=session_url(options),
+            table=plan.qualified,
+            lock_timeout_s=options.lock_timeout_s,
+            timeouts=options.timeouts,
+            run_timeout_s=options.run_timeout_s,
+        )
+        names = list(plan.columns)
+        return write_partition(target, task, (b.rename_columns(names) for b in batches))
+
+    def forget_one_off_load(self, options: SinkOptions, sink_id: str) -> None:
+        from sqlsink.mariadb.connection import LOG_DATABASE, execute
+
+        with _session(options) as conn:
+            execute(conn, "BEGIN")
+            try:
+                execute(conn, "SET @sqlsink_forget = %s", (sink_id,))
+                for table in ("handovers", "markers", "decisions", "runs", "sinks"):
+                    statement = f"DELETE FROM `{LOG_DATABASE}`.{table} WHERE sink_id = %s"
+                    execute(conn, statement, (sink_id,))
+                execute(conn, "COMMIT")
+            finally:
+                execute(conn, "SET @sqlsink_forget = NULL")
+
+    def load_decision(self, options: SinkOptions, sink_id: str) -> Decision | None:
+        from sqlsink.mariadb import commit_log
+        from sqlsink.mariadb.connection import LOG_DATABASE
+
+        with _session(options) as conn:
+            found = commit_log.decisions(conn, LOG_DATABASE, sink_id, [(sink_id, 0)])
+        return found.get((sink_id, 0))
+
+    def record_run_end(
+        self, options: SinkOptions, sink_id: str, run_id: str, how: str, error: str | None
+    ) -> bool:
+        from sqlsink.mariadb import run_registry
+        from sqlsink.mariadb.connection import LOG_DATABASE
+
+        with _session(options) as conn:
+            return run_registry.record_end(conn, LOG_DATABASE, sink_id, run_id, how, error)
+
+    def scrub(self, text: str, options: SinkOptions) -> str:
+        from sqlsink.credentials import known_passwords
+        from sqlsink.urlparts import mariadb_params, redact
+
+        secrets = sorted(known_passwords(), key=len, reverse=True)
+        if isinstance(options.password, str) and options.password:
+            secrets.append(options.password)
+        try:
+            given = mariadb_params(options.url)["password"]
+        except ConfigError:
+            given = None
+        if given:  # as given and as the URL writes it
+            secrets += [str(given), urllib.parse.quote(str(given), safe="")]
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return redact(text)
+
+
+LOADING = MariaDBLoading()
+
+if TYPE_CHECKING:
+    from sqlsink.core.loading import Loading
+
+    _conforms: Loading = LOADING
