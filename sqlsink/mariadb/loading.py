@@ -76,7 +76,11 @@ def check_server(conn: Connection) -> None:
     """Refuse a MySQL older than 8.0.30; warn (once per process) that MySQL is untested."""
     from sqlsink.mariadb.connection import rows
 
-    version = str(rows(conn, "SELECT VERSION()")[0][0])
+    judge_version(str(rows(conn, "SELECT VERSION()")[0][0]))
+
+
+def judge_version(version: str) -> None:
+    """``check_server``'s verdict on the server's ``SELECT VERSION()``."""
     refusal, warning = server_verdict(version)
     if refusal is not None:
         raise ConfigError(refusal)
