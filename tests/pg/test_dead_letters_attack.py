@@ -94,12 +94,6 @@ def test_an_existing_table_of_another_shape_is_refused_at_planning(
     assert "CREATE TABLE" in text, text  # the shape it needs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="partition.py's adopt path counts every input row as written (rows 9, dead "
-    "letters 0): the adopted attempt's marker is not visible before COMMIT PREPARED, so "
-    "the retry must screen (and encode) the rows again to count as the attempt did",
-)
 def test_a_retried_task_that_adopts_its_prepared_attempt_counts_as_that_attempt_did(
     pg_url: str, pg_server: PgServer, table: str, dead_table: str
 ) -> None:
