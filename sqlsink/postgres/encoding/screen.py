@@ -5,9 +5,10 @@ Every check is vectorised (numpy, pyarrow.compute): a batch whose rows are all g
 pass over each checked column and a mask, never per-row Python. The checks here are the
 ones the encoders leave to the server (NUL in text and in text[] elements, invalid UTF-8,
 NULL into NOT NULL, varchar/char length, numeric precision) and the cheap ones the
-encoders make anyway (integer ranges, real range, infinity into numeric). What an encoder still refuses (a date
-out of range, a string that is not a UUID...) is caught by ``write_batches``'s
-``on_problem``, one row at a time: rare rows, at the cost of encoding the batch again.
+encoders make anyway (integer ranges, real range, infinity into numeric). What an encoder
+still refuses (a date out of range, a string that is not a UUID...) is caught by
+``write_batches``'s ``on_problem``, one row at a time: rare rows, at the cost of encoding
+the batch again.
 """
 
 from __future__ import annotations
