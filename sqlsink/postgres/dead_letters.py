@@ -64,7 +64,10 @@ def create_statement(table: TableName) -> sql.Composed:
 
 def ensure_table(conn: Connection, table: TableName, target: TableName) -> None:
     """At planning: create the table if missing; refuse one the sink cannot insert into."""
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (str(table),)).fetchone()
+    # the name as SQL text (quoted): to_regclass and the privilege functions parse it,
+    # folding an unquoted name to lower case
+    regclass = table.identifier().as_string(conn)
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (regclass,)).fetchone()
     if not (exists and exists[0]):
         try:
             with conn.transaction():
@@ -79,10 +82,11 @@ def ensure_table(conn: Connection, table: TableName, target: TableName) -> None:
                 f"{create_statement(table).as_string(conn)}",
                 table=str(table),
             ) from None
+    _check_shape(conn, table, regclass)
     row = conn.execute(
         "SELECT has_table_privilege(%s, 'INSERT'), has_sequence_privilege("
         "pg_get_serial_sequence(%s, 'id'), 'USAGE')",
-        (str(table), str(table)),
+        (regclass, regclass),
     ).fetchone()
     if row is None or not row[0] or row[1] is False:
         user = conn.info.user
@@ -90,6 +94,35 @@ def ensure_table(conn: Connection, table: TableName, target: TableName) -> None:
             f"option deadLetterTable: role {user!r} may not insert into table {table} "
             f"(the dead letters of table {target}). Fix: GRANT INSERT ON {table} TO "
             f"{sql.Identifier(user).as_string(conn)} and GRANT USAGE ON its id sequence",
+            table=str(table),
+        )
+
+
+def _check_shape(conn: Connection, table: TableName, regclass: str) -> None:
+    """A table found (the user's, or an older one): the columns the sink writes, and an
+    id it need not give; else refused now, not at the stream's first bad row."""
+    found = {
+        str(name): (bool(not_null), bool(default))
+        for name, not_null, default in conn.execute(
+            "SELECT attname, attnotnull, atthasdef OR attidentity <> '' "
+            "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped",
+            (regclass,),
+        ).fetchall()
+    }
+    problems = [f"column {c!r} is missing" for c in _COLUMNS if c not in found]
+    if "id" in found and found["id"][0] and not found["id"][1]:
+        problems.append("column 'id' has no default (the sink does not give one)")
+    own = {*_COLUMNS, "id", "recorded_at"}
+    extra = [c for c, (not_null, default) in found.items() if c not in own and not_null]
+    extra = [c for c in extra if not found[c][1]]
+    problems += [f"column {c!r} is NOT NULL without a default" for c in extra]
+    if problems:
+        raise ConfigError(
+            f"option deadLetterTable: table {table} exists but is not a dead-letter table "
+            f"the sink can write: {'; '.join(problems)}. Fix: name another table (the sink "
+            f"creates it), or drop or alter this one to: "
+            f"{create_statement(table).as_string(conn)}",
             table=str(table),
         )
 

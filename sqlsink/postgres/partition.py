@@ -88,11 +88,25 @@ def write_partition(
         if times is not None:
             times.add("session", time.perf_counter() - connecting)
         if start.skip or start.adopt:
-            counted = sum(b.num_rows for b in rows_iter)  # Spark wants it read
-            counted += first.num_rows if first is not None else 0
-            if start.skip:
-                return _outcome(task, None, 0, skipped=True, started=started)
-            return _outcome(task, start.adopt, counted, skipped=False, started=started)
+            rest = itertools.chain([first] if first is not None else [], rows_iter)
+            if start.skip or options.dead_letter_table is None:
+                counted = sum(b.num_rows for b in rest)  # Spark wants it read
+                if start.skip:
+                    return _outcome(task, None, 0, skipped=True, started=started)
+                return _outcome(task, start.adopt, counted, skipped=False, started=started)
+            # the adopted attempt kept its dead letters apart (its marker, which says how
+            # many rows it wrote, is invisible until COMMIT PREPARED): judge the same rows
+            # again, as it did, so the decision and the figures count what it wrote
+            judged = DeadLetters(options.dead_letter_table, target.table, task, target.columns)
+            rows = _judged_rows(judged, target.columns, rest)
+            return _outcome(
+                task,
+                start.adopt,
+                rows,
+                skipped=False,
+                started=started,
+                dead_letters=len(judged.rows),
+            )
         gid = task_gid(task) if options.semantic is Semantic.EXACTLY_ONCE else None
         given = itertools.chain([first] if first is not None else [], rows_iter)
         dead = (
@@ -114,6 +128,27 @@ def write_partition(
             dead_letters=len(dead.rows) if dead is not None else 0,
             bytes_sent=counted.sent,
         )
+
+
+class _Discard:
+    """A COPY that sends nothing: the rows are only judged and encoded."""
+
+    def write(self, buffer: bytes | bytearray | memoryview) -> None:
+        pass
+
+
+def _judged_rows(
+    dead: DeadLetters, columns: Sequence[TargetColumn], batches: Iterator[pa.RecordBatch]
+) -> int:
+    """The rows a write of ``batches`` would send (the others kept in ``dead``)."""
+    screened = dead.screened(batches)
+    first = next(screened, None)
+    if first is None:
+        return 0
+    encoder = build_encoder(list(first.schema), list(columns))
+    return write_batches(
+        _Discard(), encoder, itertools.chain([first], screened), None, dead.take_row
+    )
 
 
 def _first_nonempty(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:

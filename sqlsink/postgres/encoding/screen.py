@@ -3,11 +3,12 @@ refuse, each with its column and reason (option deadLetterTable, postgres/dead_l
 
 Every check is vectorised (numpy, pyarrow.compute): a batch whose rows are all good costs a
 pass over each checked column and a mask, never per-row Python. The checks here are the
-ones the encoders leave to the server (NUL in text, invalid UTF-8, NULL into NOT NULL,
-varchar/char length, numeric precision) and the cheap ones the encoders make anyway
-(integer ranges, real range, infinity into numeric). What an encoder still refuses (a date
-out of range, a string that is not a UUID...) is caught by ``write_batches``'s
-``on_problem``, one row at a time: rare rows, at the cost of encoding the batch again.
+ones the encoders leave to the server (NUL in text and in text[] elements, invalid UTF-8,
+NULL into NOT NULL, varchar/char length, numeric precision) and the cheap ones the
+encoders make anyway (integer ranges, real range, infinity into numeric). What an encoder
+still refuses (a date out of range, a string that is not a UUID...) is caught by
+``write_batches``'s ``on_problem``, one row at a time: rare rows, at the cost of encoding
+the batch again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlsink.postgres.encoding.buffers import validity, values_and_validity, var
 from sqlsink.postgres.encoding.builder import normalized
 from sqlsink.postgres.encoding.fields import Arr
 from sqlsink.postgres.encoding.oids import (
+    ARRAY_ELEMENT,
     BPCHAR,
     FLOAT4,
     INT2,
@@ -111,6 +113,8 @@ def _column_checks(arrow: pa.DataType, column: TargetColumn) -> list[Check]:
         length = _declared_length(column.type_name) if oid in (VARCHAR, BPCHAR) else None
         if length is not None:
             checks.append(through(_too_long(length, column.type_name)))
+    elif _text_list(base) and ARRAY_ELEMENT.get(oid) in _TEXTUAL:  # text[]: its elements
+        checks += [through(_in_elements(_utf8)), through(_in_elements(_nul))]
     elif pa.types.is_integer(base) and oid in _INT_RANGE:
         checks.append(through(_int_range(base, *_INT_RANGE[oid])))
     elif pa.types.is_integer(base) and oid == INT8 and base == pa.uint64():
@@ -124,6 +128,30 @@ def _column_checks(arrow: pa.DataType, column: TargetColumn) -> list[Check]:
         if precision is not None:
             checks.append(through(_numeric_overflow(*precision, column.type_name)))
     return checks
+
+
+def _text_list(arrow: pa.DataType) -> bool:
+    if not (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
+        return False
+    value: pa.DataType = arrow.value_type
+    return bool(pa.types.is_string(value) or pa.types.is_large_string(value))
+
+
+def _in_elements(check: Check) -> Check:
+    """A check of text values, of the elements of a list column: a row is refused when
+    one of its elements is."""
+
+    def lifted(arr: pa.Array) -> tuple[Arr | None, str]:
+        values = arr.flatten()  # the elements of the valid lists, in order
+        bad, reason = check(values)
+        if bad is None or not bad.any():
+            return None, ""
+        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+        rows = np.zeros(len(arr), np.bool_)
+        rows[parents[np.asarray(bad, np.bool_)]] = True
+        return rows, f"{reason} in an array element"
+
+    return lifted
 
 
 def _not_null(arr: pa.Array) -> tuple[Arr | None, str]:
