@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +40,36 @@ class PartitionOutcome:
     key_range: KeyRange | None = None
     bytes_sent: int | None = None  # what its COPY sent, when the writer counted it
     dead_letters: int = 0  # rows kept in the dead-letter table instead (deadLetterTable)
+
+    @classmethod
+    def of_task(
+        cls,
+        task: TaskIdentity,
+        gid: str | None,
+        rows: int,
+        *,
+        skipped: bool,
+        started: float,
+        key_range: KeyRange | None = None,
+        bytes_sent: int | None = None,
+        dead_letters: int = 0,
+    ) -> PartitionOutcome:
+        """The task's report, prepared (or skipped) now: every backend's participant."""
+        return cls(
+            sink_id=task.sink_id,
+            batch_id=task.batch_id,
+            partition_id=task.partition_id,
+            gid=gid,
+            rows=rows,
+            skipped=skipped,
+            query_id=task.query_id,
+            run_id=task.run_id,
+            started_at=started,
+            prepared_at=time.time(),
+            key_range=key_range,
+            bytes_sent=bytes_sent,
+            dead_letters=dead_letters,
+        )
 
     @property
     def write_ms(self) -> float:

@@ -80,7 +80,7 @@ def write_partition(
     first = next((b for b in given if b.num_rows), None)
     started = time.time()
     if first is None:  # nothing to write: no branch, no gid
-        return _outcome(task, None, 0, skipped=False, started=started)
+        return PartitionOutcome.of_task(task, None, 0, skipped=False, started=started)
     conn = connect(target.url, local_infile=True)
     try:
         execute(conn, f"SET SESSION sql_mode = '{SQL_MODE}'")
@@ -90,8 +90,10 @@ def write_partition(
         if start.skip or start.adopt:
             counted = first.num_rows + sum(b.num_rows for b in given)  # Spark wants it read
             if start.skip:
-                return _outcome(task, None, 0, skipped=True, started=started)
-            return _outcome(task, start.adopt, counted, skipped=False, started=started)
+                return PartitionOutcome.of_task(task, None, 0, skipped=True, started=started)
+            return PartitionOutcome.of_task(
+                task, start.adopt, counted, skipped=False, started=started
+            )
         enter_task_session(conn, task.sink_id, task.batch_id, task.partition_id, backend.db)
         gid = task_gid(task)
         count = _branch(conn, target, task, gid, _chain(first, given))
@@ -104,7 +106,7 @@ def write_partition(
         Participant(backend, task, target.timeouts, target.run_timeout_s).after_prepare(gid)
     finally:
         after.close()
-    return _outcome(task, str(gid), count, skipped=False, started=started)
+    return PartitionOutcome.of_task(task, str(gid), count, skipped=False, started=started)
 
 
 def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -338,20 +340,3 @@ def _rollback_quietly(conn: Connection, branch: str) -> None:
             execute(conn, statement)
         except Exception:  # not started, rolled back already, or cut
             continue
-
-
-def _outcome(
-    task: TaskIdentity, gid: str | None, count: int, *, skipped: bool, started: float
-) -> PartitionOutcome:
-    return PartitionOutcome(
-        sink_id=task.sink_id,
-        batch_id=task.batch_id,
-        partition_id=task.partition_id,
-        gid=gid,
-        rows=count,
-        skipped=skipped,
-        query_id=task.query_id,
-        run_id=task.run_id,
-        started_at=started,
-        prepared_at=time.time(),
-    )

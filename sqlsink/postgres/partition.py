@@ -70,7 +70,7 @@ def write_partition(
     # replace is a batch that empties the table
     if first is None and options.mode is not Mode.REPLACE:
         now = time.time()
-        return _outcome(task, None, 0, skipped=False, started=now)
+        return PartitionOutcome.of_task(task, None, 0, skipped=False, started=now)
     started = time.time()
     connecting = time.perf_counter() if times is not None else 0.0
     with session(
@@ -92,14 +92,16 @@ def write_partition(
             if start.skip or options.dead_letter_table is None:
                 counted = sum(b.num_rows for b in rest)  # Spark wants it read
                 if start.skip:
-                    return _outcome(task, None, 0, skipped=True, started=started)
-                return _outcome(task, start.adopt, counted, skipped=False, started=started)
+                    return PartitionOutcome.of_task(task, None, 0, skipped=True, started=started)
+                return PartitionOutcome.of_task(
+                    task, start.adopt, counted, skipped=False, started=started
+                )
             # the adopted attempt kept its dead letters apart (its marker, which says how
             # many rows it wrote, is invisible until COMMIT PREPARED): judge the same rows
             # again, as it did, so the decision and the figures count what it wrote
             judged = DeadLetters(options.dead_letter_table, target.table, task, target.columns)
             rows = _judged_rows(judged, target.columns, rest)
-            return _outcome(
+            return PartitionOutcome.of_task(
                 task,
                 start.adopt,
                 rows,
@@ -118,7 +120,7 @@ def write_partition(
         rows = counted.rows - (len(dead.rows) if dead is not None else 0)
         if times is not None:
             times.save(batch=task.batch_id, partition=task.partition_id, rows=rows)
-        return _outcome(
+        return PartitionOutcome.of_task(
             task,
             str(gid) if gid else None,
             rows,
@@ -506,31 +508,3 @@ def _fix_for(
     if sqlstate and sqlstate.startswith("22"):
         return "Fix: cast or clean the column's values in Spark, then restart the query"
     return "Fix the cause, then restart the query from its checkpoint"
-
-
-def _outcome(
-    task: TaskIdentity,
-    gid: str | None,
-    rows: int,
-    *,
-    skipped: bool,
-    started: float,
-    key_range: KeyRange | None = None,
-    dead_letters: int = 0,
-    bytes_sent: int | None = None,
-) -> PartitionOutcome:
-    return PartitionOutcome(
-        sink_id=task.sink_id,
-        batch_id=task.batch_id,
-        partition_id=task.partition_id,
-        gid=gid,
-        rows=rows,
-        skipped=skipped,
-        query_id=task.query_id,
-        run_id=task.run_id,
-        started_at=started,
-        prepared_at=time.time(),
-        key_range=key_range,
-        dead_letters=dead_letters,
-        bytes_sent=bytes_sent,
-    )
