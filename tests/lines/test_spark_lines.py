@@ -188,3 +188,50 @@ def test_the_foreach_batch_writer_keeps_the_session_zones_wall_time_on_the_oldes
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+@pytest.mark.parametrize("line", ["3.5"])
+def test_the_foreach_batch_writer_keeps_dead_letters_on_the_oldest_line(
+    line: str, tmp_path: Path, pg_url: str, pg_server: PgServer
+) -> None:
+    """dead_letter_table= on the oldest line: the good rows in the table, the bad ones in
+    the dead-letter table, in the same commit (tests/spark/test_dead_letters.py: the
+    suite's own line, and across a driver kill)."""
+    from tests.lines.dl_program import COLUMNS
+
+    python = str(ensure_env(LINES[line]))
+    name = uuid.uuid4().hex[:8]
+    table, dead_table = f"dlt_{name}", f"dld_{name}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (" + COLUMNS + ")").format(sql.Identifier(table)))
+    env = {**os.environ, **line_env(), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    env.pop("SQLSINK_FAULTS_FILE", None)
+    run = run_program(
+        "-m",
+        "tests.lines.dl_program",
+        pg_url,
+        table,
+        dead_table,
+        timeout=600,
+        env=env,
+        python=python,
+    )
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        assert report == {"pyspark": LINES[line]}
+        assert table_ids(pg_url, table) == [0, 1]
+        with psycopg.connect(pg_url) as conn:
+            dead = conn.execute(
+                sql.SQL("SELECT column_name, (row_json->>'id')::int FROM {} ORDER BY 2").format(
+                    sql.Identifier(dead_table)
+                )
+            ).fetchall()
+            prepared = conn.execute(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{name}%",)
+            ).fetchone()
+        assert dead == [("payload", 100), ("payload", 101), ("qty", 102)]
+        assert prepared == (0,)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for t in (table, dead_table):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(t)))
