@@ -426,3 +426,28 @@ def c2_unhanded_batches_undecided() -> Iterator[None]:
 @contextmanager
 def none() -> Iterator[None]:
     yield
+
+
+def _after_prepare_on_its_session(
+    self: world_module.World,
+    actor: Any,
+    backend: MemoryBackend,
+    participant: Participant,
+    gid: Gid,
+) -> MemoryBackend:
+    """The check after PREPARE on the session that prepared, as on PostgreSQL."""
+    participant.after_prepare(gid)
+    return backend
+
+
+@contextmanager
+def mariadb_no_disconnect_after_prepare() -> Iterator[None]:
+    """MariaDB: the partition written as PostgreSQL's (``postgres/partition.py`` with
+    ``postgres/sessions.py``): after XA PREPARE it goes on on its session, and gives the
+    session back to be kept for the next use, instead of disconnecting. Its branch stays
+    attached to that session, so no other session can finish it (XAER_NOTA), and the
+    session cannot start another branch (XAER_RMFAIL)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(world_module.World, "after_prepare", _after_prepare_on_its_session)
+        mp.setattr(world_module.World, "keeps_sessions_on_mariadb", True)
+        yield
