@@ -7,9 +7,10 @@ writer, a checkpoint restored from an older copy, zombies, retries after PREPARE
 query replaced while half-committed; failovers, two queries in one driver, restarts
 in the same process), built from the same world as the default run.
 
-Issue 31's is MariaDB's: the partition written as PostgreSQL's (no disconnect after XA
-PREPARE, its session kept for the next use), on the MariaDB flavour of the in-memory
-server, where a branch stays attached to the session that prepared it.
+Issue 31's are MariaDB's, on the MariaDB flavour of the in-memory server, where a branch
+stays attached to the session that prepared it: the partition written as PostgreSQL's
+(no disconnect after XA PREPARE, its session kept for the next use), and the backend's
+finish without its wait for a branch still attached (XAER_NOTA read as "not prepared").
 
 Issue 26's three were windows of main (cf9f957) that this simulation found: there the
 mutant is the code itself. While a fix is not merged, ``checks.KNOWN`` lists its code
@@ -184,6 +185,15 @@ CASES = [
         replace(BASE, flavour=MARIADB),
         frozenset({"1"}),
         needle="still prepared after the final recover",
+        issue="31",
+    ),
+    Case(
+        "MariaDB-wait",
+        "MariaDB: XAER_NOTA on a listed branch (still attached to the session that "
+        "prepared it) read as not prepared, instead of waited for (MariaDBBackend._finish)",
+        mutants.mariadb_nota_read_as_gone,
+        replace(BASE, flavour=MARIADB),
+        frozenset({"5"}),
         issue="31",
     ),
 ]
