@@ -25,6 +25,33 @@ first yields to the scheduler (``sched.Actor.step``), then runs atomically.
 
 Time is the simulation's clock. Without an actor (the contract tests) nothing
 yields, and a wait that cannot be granted moves the clock to its deadline.
+
+The server has a *flavour*: ``postgres`` (the default, as above) or ``mariadb``, which
+models what MariaDB's XA does differently where the protocol looks (the facts pinned in
+``tests/mariadb/test_xa_facts.py``; ``sqlsink/mariadb/backend.py`` and ``partition.py``
+for the sink's side), each checked against the real server by the contract tests:
+
+- a prepared branch stays attached to the session that prepared it: another session's
+  XA COMMIT/ROLLBACK gets XAER_NOTA until that session has ended (and the server has
+  noticed: ``DETACH_S`` after it), so ``commit_prepared``/``rollback_prepared`` wait for
+  it, at most the session's lock bound, then raise the backend's TransientError; the
+  preparing session itself may finish it;
+- that session cannot start another branch (XAER_RMFAIL): of no use after PREPARE but
+  to end (the partition disconnects);
+- XA is server-wide and carries no database, owner or time: ``prepared`` lists every
+  branch of the sink's formatID whose xid decodes to a gid, in the session's database,
+  owned by its role, prepared "now"; any user may finish any branch (``finisher_role``
+  None); a branch of another formatID is never listed, and finishing its gtrid+bqual is
+  refused (MariaDB would finish it by those alone);
+- a branch that wrote nothing stays prepared, as on PostgreSQL (the contract test
+  pins it: MariaDB 10.11 does not end it at PREPARE);
+- a task's session is found by ``await_batch_tasks`` only once it said whose it is
+  (``enter_task_session``, after the participant's checks), not from its connect;
+- the sink lock's holder is recorded by connection id alone (no backend start);
+- the server does not fail over to a lagging standby here; it restarts
+  (``Server.restart``: mariadbd killed and started again): every session ends, and the
+  prepared branches, the tables and the commit log are all kept (InnoDB and the binary
+  log, ``test_a_prepared_branch_survives_the_servers_sigkill``).
 """
 
 from __future__ import annotations
@@ -55,6 +82,11 @@ from sqlsink.errors import ConfigError, TransientError
 from tests.sim.sched import Actor, Crash
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)  # simulated time 0
+POSTGRES, MARIADB = "postgres", "mariadb"  # the server's flavours
+SINK_FORMAT = 0x53514C01  # sqlsink/mariadb/xid.FORMAT_ID: the sink's branches (mariadb)
+OTHER_FORMAT = 1  # another application's XA branches
+DETACH_S = 0.2  # mariadb: how long after a session ends its branch is still attached
+XAER_RMFAIL = "1399"
 
 
 def stamp(t: float) -> datetime:
@@ -94,6 +126,9 @@ class Txn:
     prepared_at: float | None = None
     prepared_step: int | None = None
     preparer: object | None = None  # the actor that prepared it
+    format_id: int = SINK_FORMAT  # mariadb: the XA formatID it was prepared with
+    attached: Session | None = None  # mariadb: the session that prepared it, while it lives
+    attached_until: float | None = None  # mariadb: None, or attached until then (inf: live)
 
 
 @dataclass
@@ -200,6 +235,8 @@ class Session:
     live_read: frozenset[str] = frozenset()  # runs live per the last live_runs read
     idle_since: float | None = None  # kept between uses (postgres/sessions.py) since then
     uses: int = 1  # how many uses it served (kept sessions serve several)
+    branch: Txn | None = None  # mariadb: its prepared branch, attached to it
+    announced: bool = True  # a task's session await_batch_tasks finds (mariadb: once said)
 
     def new_use(self, actor: Actor | None, purpose: Any) -> None:
         """A kept session taken back: another use, with what it knows per use reset."""
@@ -269,9 +306,14 @@ class Server:
         step_no: Callable[[], int] = lambda: 0,
         cascade: bool = False,
         advance: Callable[[float], None] | None = None,
+        flavour: str = POSTGRES,
     ) -> None:
         """``cascade``: the commit log of schema version 1, where deleting a sink cascades
-        to its decisions and no trigger keeps incomplete ones (issue 12 item 1 reverted)."""
+        to its decisions and no trigger keeps incomplete ones (issue 12 item 1 reverted).
+        ``flavour``: ``postgres`` or ``mariadb`` (the module's docstring)."""
+        assert flavour in (POSTGRES, MARIADB), flavour
+        self.flavour = flavour
+        self.mariadb = flavour == MARIADB
         self.clock = clock
         self.hooks: Hooks = hooks or NoHooks()
         self.step_no = step_no
@@ -287,6 +329,7 @@ class Server:
         self._xids = itertools.count(1)
         self.committed: set[str] = set()  # gids committed (the WAL's COMMIT PREPAREDs)
         self.cut_points: list[Durable] | None = None  # kept (newest last) when not None
+        self.branch_waits = 0  # mariadb: finishes that waited for a branch to detach
 
     def log(self, database: str) -> CommitLog:
         return self.logs.setdefault(database, CommitLog())
@@ -300,6 +343,7 @@ class Server:
         actor: Actor | None = None,
         purpose: Any = None,
         lock_timeout_s: float = 60.0,
+        announced: bool = True,
     ) -> Session:
         session = Session(
             next(self._pids),
@@ -310,6 +354,7 @@ class Server:
             actor,
             purpose,
             lock_timeout_s,
+            announced=announced,
         )
         self.sessions[session.pid] = session
         return session
@@ -323,10 +368,44 @@ class Server:
         if session.txn is not None:
             self._release(session.txn)
             session.txn = None
+        if session.branch is not None:  # mariadb: detached once the server notices
+            session.branch.attached = None
+            session.branch.attached_until = self.clock() + DETACH_S
+            session.branch = None
         for key in session.advisory:
             self.advisory.pop((session.database, key), None)
         session.advisory.clear()
         self.sessions.pop(session.pid, None)
+
+    def restart(self) -> None:
+        """mariadb: mariadbd killed and started again. Every session ends (the clients see
+        their connection go); the prepared branches, the tables and every commit log are
+        kept (InnoDB and the binary log: tests/mariadb/test_xa_facts.py)."""
+        for session in list(self.sessions.values()):
+            self.end_session(session, terminated=True)
+        self.advisory.clear()
+        for txn in self.prepared.values():
+            txn.attached, txn.attached_until = None, None  # no session after a restart
+
+    def attached(self, txn: Txn) -> bool:
+        """mariadb: whether the branch is still attached to the session that prepared it."""
+        return txn.attached_until is not None and self.clock() < txn.attached_until
+
+    def sinks_branches(self, prefix: str, database: str) -> list[tuple[str, Txn]]:
+        """The prepared transactions a sink's session lists as the sink's (``prefix``):
+        postgres, by gid prefix in its database; mariadb (XA RECOVER, server-wide), the
+        branches of the sink's formatID whose xid decodes to a gid of that prefix."""
+        if not self.mariadb:
+            return [
+                (gid, t)
+                for gid, t in sorted(self.prepared.items())
+                if gid.startswith(prefix) and t.database == database
+            ]
+        return [
+            (gid, t)
+            for gid, t in sorted(self.prepared.items())
+            if gid.startswith(prefix) and t.format_id == SINK_FORMAT and Gid.parse(gid)
+        ]
 
     def end_sessions_of(self, actor: Actor) -> None:
         for session in list(self.sessions.values()):
@@ -404,9 +483,11 @@ class Server:
         owner: str = "sink",
         rows: Iterable[tuple[str, Hashable]] = (),
         marker: bool = True,
+        format_id: int = SINK_FORMAT,
     ) -> Txn:
-        """A prepared transaction left by someone (a dead run, another application)."""
-        txn = Txn(next(self._xids), database, owner, None, list(rows))
+        """A prepared transaction left by someone (a dead run, another application);
+        ``format_id``: its XA formatID (mariadb)."""
+        txn = Txn(next(self._xids), database, owner, None, list(rows), format_id=format_id)
         parsed = Gid.parse(gid)
         if marker and parsed is not None:
             txn.marker = MarkerRow(
@@ -467,6 +548,8 @@ class MemoryBackend:
 
     @property
     def finisher_role(self) -> str | None:
+        if self.server.mariadb:
+            return None  # any user may finish any branch
         return None if self.session.superuser else self.session.role
 
     def cut_session(self, url: str) -> None:
@@ -606,7 +689,7 @@ class MemoryBackend:
             for (sink, _), run in self._log.runs.items()
             if sink == sink_id
             and run.lock_pid == holder.pid
-            and run.lock_backend_start == holder.backend_start
+            and (self.server.mariadb or run.lock_backend_start == holder.backend_start)
         ]
         if any(run.superseded_at is None for run in recorded):
             return []  # a live run's: whatever a superseded one recorded
@@ -622,6 +705,12 @@ class MemoryBackend:
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
         self._call(f"prepared {sink_id}")
         prefix = Gid.sink_prefix(sink_id) if sink_id else "sqlsink_"
+        if self.server.mariadb:  # XA RECOVER: no database, owner or time
+            now = stamp(self._now())
+            return [
+                PreparedTransaction(gid, self.database, self.session.role, now)
+                for gid, _ in self.server.sinks_branches(prefix, self.database)
+            ]
         return [
             PreparedTransaction(gid, t.database, t.owner, stamp(t.prepared_at or 0.0))
             for gid, t in sorted(self.server.prepared.items())
@@ -635,6 +724,7 @@ class MemoryBackend:
             return False
         self.server.hooks.on_commit_prepared(self.session, txn)
         del self.server.prepared[gid]
+        self._detach(txn)
         self.server._apply(txn)
         return True
 
@@ -645,10 +735,23 @@ class MemoryBackend:
             return False
         self.server.hooks.on_rollback_prepared(self.session, txn)
         del self.server.prepared[gid]
+        self._detach(txn)
         self.server._release(txn)
         return True
 
+    def _detached(self, txn: Txn) -> Callable[[], bool]:
+        return lambda: not self.server.attached(txn)
+
+    @staticmethod
+    def _detach(txn: Txn) -> None:
+        """mariadb: a branch finished by its own session frees that session for another."""
+        if txn.attached is not None and txn.attached.branch is txn:
+            txn.attached.branch = None
+        txn.attached, txn.attached_until = None, None
+
     def _finishable(self, gid: str) -> Txn | None:
+        if self.server.mariadb:
+            return self._finishable_branch(gid)
         txn = self.server.prepared.get(gid)
         if txn is None:
             return None
@@ -660,6 +763,37 @@ class MemoryBackend:
                 gid=gid,
             )
         return txn
+
+    def _finishable_branch(self, gid: str) -> Txn | None:
+        """mariadb's ``MariaDBBackend._finish`` before its XA COMMIT/ROLLBACK: a branch
+        XA RECOVER lists with the sink's formatID (another formatID with the same gtrid
+        and bqual: refused), waited for while still attached to another session, at most
+        the lock bound; no database or owner check (XA is server-wide)."""
+        deadline = self._now() + self.session.lock_timeout_s
+        while True:
+            txn = self.server.prepared.get(gid)
+            if txn is None or Gid.parse(gid) is None:
+                return None
+            if txn.format_id != SINK_FORMAT:
+                raise ConfigError(
+                    f"a prepared XA branch of formatID {txn.format_id} (not sqlsink's) has "
+                    f"the gtrid and bqual of {gid}; MariaDB would finish it by those alone, "
+                    "so sqlsink leaves it: whoever prepared it must finish it",
+                    gid=gid,
+                )
+            if not self.server.attached(txn) or txn.attached is self.session:
+                return txn
+            self.server.branch_waits += 1
+            if self._now() >= deadline:
+                raise TransientError(
+                    f"prepared branch {gid} is still attached to the session that prepared "
+                    f"it after {self.session.lock_timeout_s:.0f} s (MariaDB lets another "
+                    "session finish a branch only once that session has ended): a partition "
+                    "task that did not disconnect after XA PREPARE? End it (SHOW PROCESSLIST, "
+                    "KILL CONNECTION id), then run sqlsink recover",
+                    gid=gid,
+                )
+            self._call(f"wait for branch {gid} to detach", self._detached(txn), deadline)
 
     # -- the commit log -----------------------------------------------------------------
 
@@ -730,11 +864,7 @@ class MemoryBackend:
             (sink_id, batch_id) in log.decisions,
             None if sink is None else self._binding(sink),
             self._highest(sink_id),
-            tuple(
-                gid
-                for gid, t in sorted(self.server.prepared.items())
-                if gid.startswith(prefix) and t.database == self.database
-            ),
+            tuple(gid for gid, _ in self.server.sinks_branches(prefix, self.database)),
         )
         if self.session.state_step is None:
             self.session.state_step = self.server.step_no()
@@ -840,6 +970,7 @@ class MemoryBackend:
                 s.pid
                 for s in self.server.sessions.values()
                 if s is not self.session
+                and s.announced
                 and getattr(s.purpose, "kind", None) == "task"
                 and getattr(s.purpose, "sink", None) == sink_id
                 and getattr(s.purpose, "batch", None) == batch_id
@@ -964,8 +1095,21 @@ class MemoryBackend:
 
     # -- a partition's transaction (postgres/partition.py) --------------------------------
 
+    def enter_task_session(self) -> None:
+        """mariadb's ``enter_task_session``: the task's session says whose it is (from
+        here ``await_batch_tasks`` finds it; postgres's says so from its connect)."""
+        self._call("REPLACE INTO task_sessions")
+        self.session.announced = True
+
     def begin(self) -> None:
-        self._call("BEGIN")
+        """BEGIN (mariadb: XA START; refused while the session has a prepared branch)."""
+        self._call("XA START" if self.server.mariadb else "BEGIN")
+        if self.session.branch is not None:
+            raise SqlError(
+                XAER_RMFAIL,
+                "XAER_RMFAIL: The command cannot be executed when global transaction is in "
+                "the  PREPARED state",
+            )
         self.server.hooks.on_begin_write(self.session)
         self.session.txn = Txn(
             next(self.server._xids), self.database, self.session.role, self.session
@@ -1017,6 +1161,9 @@ class MemoryBackend:
         txn.session, txn.gid = None, gid
         txn.prepared_at, txn.prepared_step = self._now(), self.server.step_no()
         txn.preparer = self.session.actor
+        if self.server.mariadb:  # attached to this session until it ends
+            txn.attached, txn.attached_until = self.session, float("inf")
+            self.session.branch = txn
         self.server.prepared[gid] = txn
         return "PREPARE TRANSACTION"
 
@@ -1132,11 +1279,7 @@ class MemoryBackend:
         self._call(f"forget {sink_id}")
         log = self._log
         prefix = Gid.sink_prefix(sink_id)
-        prepared = [
-            g
-            for g, t in self.server.prepared.items()
-            if g.startswith(prefix) and t.database == self.database and Gid.parse(g)
-        ]
+        prepared = [g for g, _ in self.server.sinks_branches(prefix, self.database) if Gid.parse(g)]
         incomplete = [d.batch_id for d in log.of_sink(sink_id) if d.completed_at is None]
         live = [run for _, run in self._live(sink_id)]
         if prepared or incomplete or live:

@@ -39,7 +39,7 @@ from sqlsink.core.participant import Participant, Start
 from sqlsink.core.resolution import Scope, Why
 from sqlsink.core.writer_batch import PartStart
 from tests.sim import world as world_module
-from tests.sim.memory import MemoryBackend, lock_key
+from tests.sim.memory import MemoryBackend, Txn, lock_key
 
 
 @contextmanager
@@ -426,3 +426,50 @@ def c2_unhanded_batches_undecided() -> Iterator[None]:
 @contextmanager
 def none() -> Iterator[None]:
     yield
+
+
+def _after_prepare_on_its_session(
+    self: world_module.World,
+    actor: Any,
+    backend: MemoryBackend,
+    participant: Participant,
+    gid: Gid,
+) -> MemoryBackend:
+    """The check after PREPARE on the session that prepared, as on PostgreSQL."""
+    participant.after_prepare(gid)
+    return backend
+
+
+@contextmanager
+def mariadb_no_disconnect_after_prepare() -> Iterator[None]:
+    """MariaDB: the partition written as PostgreSQL's (``postgres/partition.py`` with
+    ``postgres/sessions.py``): after XA PREPARE it goes on on its session, and gives the
+    session back to be kept for the next use, instead of disconnecting. Its branch stays
+    attached to that session, so no other session can finish it (XAER_NOTA), and the
+    session cannot start another branch (XAER_RMFAIL)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(world_module.World, "after_prepare", _after_prepare_on_its_session)
+        mp.setattr(world_module.World, "keeps_sessions_on_mariadb", True)
+        yield
+
+
+def _nota_read_as_gone(self: MemoryBackend, gid: str) -> Txn | None:
+    """XA COMMIT/ROLLBACK of a branch still attached to its session gets XAER_NOTA: read
+    as "not prepared" (False) instead of waited for."""
+    txn = self.server.prepared.get(gid)
+    if txn is not None and self.server.attached(txn) and txn.attached is not self.session:
+        return None
+    return _FINISHABLE_BRANCH(self, gid)
+
+
+_FINISHABLE_BRANCH = MemoryBackend._finishable_branch
+
+
+@contextmanager
+def mariadb_nota_read_as_gone() -> Iterator[None]:
+    """MariaDB: ``MariaDBBackend._finish`` without its wait for a branch still attached to
+    the session that prepared it: XAER_NOTA on a listed branch taken for "not prepared",
+    as for a branch that is gone (its marker then decides: not visible, data loss)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MemoryBackend, "_finishable_branch", _nota_read_as_gone)
+        yield

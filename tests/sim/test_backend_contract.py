@@ -6,10 +6,16 @@ over a real MariaDB with XA (``tests/fix_mariadb.py``), so what the simulation p
 rests on a fake that behaves like the real commit logs, sink locks and prepared
 transactions where the protocol looks.
 
-MariaDB's one difference the protocol meets here: a branch can be finished by another
-session only once the session that prepared it has ended. ``MariaHarness.prepare``
-disconnects after XA PREPARE, as a partition must; the backend waits (boundedly) for a
-branch whose session is still ending (sqlsink/mariadb/backend.py).
+The in-memory server has two flavours (``memory.py``): PostgreSQL's and MariaDB's. Every
+scenario runs on both (``memory`` and ``memory-mariadb``); the scenarios of MariaDB's
+differences (``Flavoured``, at the end) assert per flavour, so that each real database
+shows it behaves as its flavour says: a branch can be finished by another session only
+once the session that prepared it has ended (PostgreSQL: at once), and the preparing
+session cannot start another branch; a branch of another formatID with the gtrid and
+bqual of a sink's is neither listed nor finished; a branch that wrote nothing stays
+prepared, as on PostgreSQL. ``MariaHarness.prepare`` disconnects after XA PREPARE, as a
+partition must; the backend waits (boundedly) for a branch whose session is still ending
+(sqlsink/mariadb/backend.py).
 """
 
 from __future__ import annotations
@@ -52,7 +58,16 @@ from sqlsink.postgres.survey import decisions as survey
 from tests.fix_mariadb import MariaServer
 from tests.fix_pg import forget_sink
 from tests.sim.checks import KNOWN
-from tests.sim.memory import Clock, ConnectionLost, MemoryBackend, Server, SqlError
+from tests.sim.memory import (
+    MARIADB,
+    OTHER_FORMAT,
+    POSTGRES,
+    Clock,
+    ConnectionLost,
+    MemoryBackend,
+    Server,
+    SqlError,
+)
 from tests.sim.world import Purpose
 
 Metrics = tuple[float | None, int | None, BatchFigures | None]  # commit_ms, orphans, figures
@@ -62,9 +77,17 @@ class Refused(Exception):
     """The server refused an operator's statement (a trigger, a foreign key)."""
 
 
+class Preparer(Protocol):
+    """A session that prepared a transaction (a branch) and is still connected."""
+
+    def start_another(self) -> bool: ...  # it could start another transaction (branch)
+    def close(self) -> None: ...
+
+
 class Harness(Protocol):
     database: str
     role: str
+    flavour: str  # what the in-memory server models of it: postgres or mariadb
 
     def session(self, lock_timeout_s: float = 0.3) -> Any: ...
     def prepare(self, gid: str) -> None: ...
@@ -75,15 +98,35 @@ class Harness(Protocol):
     def lost(self, backend: Any) -> bool: ...
     def task_session(self, sink: str, batch: int) -> Callable[[], None]: ...
     def metrics(self, backend: Any, sink: str, batch: int) -> Metrics: ...
+    def prepare_staying(self, gid: str) -> Preparer: ...
+    def prepare_foreign_format(self, gid: str) -> Callable[[], None]: ...
+    def prepare_empty(self, gid: str) -> None: ...
+
+
+class MemoryPreparer:
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.backend = backend
+
+    def start_another(self) -> bool:
+        try:
+            self.backend.begin()
+        except SqlError:
+            return False
+        self.backend.rollback()
+        return True
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 class MemoryHarness:
     database = "shop"
     role = "sink"
 
-    def __init__(self) -> None:
+    def __init__(self, flavour: str = POSTGRES) -> None:
+        self.flavour = flavour
         self.clock = Clock()
-        self.server = Server(self.clock, advance=self._advance)
+        self.server = Server(self.clock, advance=self._advance, flavour=flavour)
 
     def _advance(self, to: float) -> None:
         self.clock.now = max(self.clock.now, to)
@@ -100,6 +143,25 @@ class MemoryHarness:
         backend.write_row("t", gid)
         backend.insert_marker(gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1)
         assert backend.prepare(gid) == "PREPARE TRANSACTION"
+        backend.close()
+
+    def prepare_staying(self, gid: str) -> MemoryPreparer:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        backend = self.session()
+        backend.begin()
+        backend.insert_marker(gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1)
+        backend.prepare(gid)
+        return MemoryPreparer(backend)
+
+    def prepare_foreign_format(self, gid: str) -> Callable[[], None]:
+        self.server.put_prepared(gid, self.database, owner="app", format_id=OTHER_FORMAT)
+        return lambda: None  # nothing to clean: the server goes with the harness
+
+    def prepare_empty(self, gid: str) -> None:
+        backend = self.session()
+        backend.begin()
+        backend.prepare(gid)
         backend.close()
 
     def delete_sink(self, backend: MemoryBackend, sink: str) -> None:
@@ -139,7 +201,22 @@ class MemoryHarness:
         return row.commit_ms, row.orphans, BatchFigures.from_json(row.figures)
 
 
+class PostgresPreparer:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def start_another(self) -> bool:
+        self.conn.execute("BEGIN")
+        self.conn.execute("ROLLBACK")
+        return True  # it could: a prepared transaction leaves its session free
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class PostgresHarness:
+    flavour = POSTGRES
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.conns: list[psycopg.Connection[Any]] = []
@@ -165,6 +242,23 @@ class PostgresHarness:
             commit_log.insert_marker(
                 conn, gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1
             )
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+
+    def prepare_staying(self, gid: str) -> PostgresPreparer:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        conn = self._connect()
+        conn.execute("BEGIN")
+        commit_log.insert_marker(conn, gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1)
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        return PostgresPreparer(conn)
+
+    def prepare_foreign_format(self, gid: str) -> Callable[[], None]:
+        raise AssertionError("PostgreSQL's gids have no formatID: a MariaDB scenario")
+
+    def prepare_empty(self, gid: str) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("BEGIN")
             conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
 
     def _refused(self, backend: PostgresBackend, statement: str, sink: str) -> None:
@@ -218,7 +312,30 @@ class PostgresHarness:
             forget_sink(self.url, sink)
 
 
+class MariaPreparer:
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def start_another(self) -> bool:
+        import pymysql
+
+        other = maria_xid.encode(Gid(f"x{uuid.uuid4().hex[:8]}", 0, 0, "r1", 0)).sql()
+        try:
+            maria_execute(self.conn, f"XA START {other}")
+        except pymysql.MySQLError as exc:
+            assert exc.args[0] == 1399, exc  # XAER_RMFAIL: the session's branch is prepared
+            return False
+        maria_execute(self.conn, f"XA END {other}")
+        maria_execute(self.conn, f"XA ROLLBACK {other}")
+        return True
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class MariaHarness:
+    flavour = MARIADB
+
     def __init__(self, server: MariaServer) -> None:
         self.url = server.url()
         self.conns: list[Any] = []
@@ -248,6 +365,58 @@ class MariaHarness:
         maria_execute(conn, f"XA END {branch}")
         maria_execute(conn, f"XA PREPARE {branch}")
         conn.close()
+
+    def _branch(self, gid: str, spelled: str, *, marker: bool = True) -> Any:
+        """XA START, the marker (unless not), XA END, XA PREPARE: the session, connected."""
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        conn = maria_connect(self.url)
+        maria_execute(conn, f"XA START {spelled}")
+        if marker:
+            maria_log.insert_marker(
+                conn, self.database, gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, 1
+            )
+        maria_execute(conn, f"XA END {spelled}")
+        maria_execute(conn, f"XA PREPARE {spelled}")
+        return conn
+
+    def prepare_staying(self, gid: str) -> MariaPreparer:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        conn = self._branch(gid, maria_xid.encode(parsed).sql())
+        self.conns.append(conn)
+        return MariaPreparer(conn)
+
+    def prepare_foreign_format(self, gid: str) -> Callable[[], None]:
+        """Another application's branch: the gtrid and bqual of ``gid``'s, formatID 1."""
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        mine = maria_xid.encode(parsed)
+        spelled = f"X'{mine.gtrid.hex()}',X'{mine.bqual.hex()}',{OTHER_FORMAT}"
+        self._branch(gid, spelled).close()
+
+        def clean() -> None:
+            conn = maria_connect(self.url)
+            try:
+                deadline = time.monotonic() + 5.0
+                while True:  # once the server has noticed the preparer's disconnect
+                    try:
+                        maria_execute(conn, f"XA ROLLBACK {spelled}")
+                        return
+                    except Exception as exc:
+                        if time.monotonic() > deadline:
+                            raise
+                        assert exc.args[0] == 1397, exc
+                        time.sleep(0.02)
+            finally:
+                conn.close()
+
+        return clean
+
+    def prepare_empty(self, gid: str) -> None:
+        parsed = Gid.parse(gid)
+        assert parsed is not None
+        self._branch(gid, maria_xid.encode(parsed).sql(), marker=False).close()
 
     def _refused(self, backend: MariaDBBackend, statement: str, sink: str) -> None:
         import pymysql
@@ -317,10 +486,10 @@ def sinks() -> list[str]:
     return [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
 
 
-@pytest.fixture(params=["memory", "postgres", "mariadb"])
+@pytest.fixture(params=["memory", "memory-mariadb", "postgres", "mariadb"])
 def harness(request: pytest.FixtureRequest, sinks: list[str]) -> Iterator[Harness]:
-    if request.param == "memory":
-        yield MemoryHarness()
+    if request.param.startswith("memory"):
+        yield MemoryHarness(MARIADB if request.param == "memory-mariadb" else POSTGRES)
         return
     real: PostgresHarness | MariaHarness
     if request.param == "mariadb":
@@ -854,3 +1023,80 @@ def test_handovers_keep_each_runs_latest_batch(harness: Harness, sinks: list[str
     assert [h.batch_id for h in unfinished_handovers(b, sink, 3, 1)] == []  # 1 decided, 3 not <
     assert b.insert_decision(NewDecision(sink, 1, [], 0, "q1", "r1"))
     assert [h.batch_id for h in unfinished_handovers(b, sink, 5, b.highest_decided(sink))] == [3]
+
+
+# -- MariaDB's differences, per flavour (memory.py's flavours against the real ones) ------
+
+
+def test_a_prepared_branch_is_finished_by_another_session_once_its_preparer_ended(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """MariaDB: while the session that prepared a branch is connected, another session
+    cannot finish it (the backend waits its lock bound, then says who holds it), though it
+    is listed; that session cannot start another branch; once it has ended, the branch is
+    committed. PostgreSQL: committed at once, and the session is free for another."""
+    sink = sinks[0]
+    g = gid(sink, 0)
+    preparer = harness.prepare_staying(g)
+    other = harness.session(0.3)
+    if harness.flavour == MARIADB:
+        with pytest.raises(TransientError, match="still attached to the session that prepared"):
+            other.commit_prepared(g)
+        assert [t.gid for t in other.prepared(sink)] == [g]
+        assert other.task_state(sink, "r1", 0).prepared == (g,)
+        assert not preparer.start_another()
+        preparer.close()
+        assert other.commit_prepared(g)  # waited (boundedly) for the server to notice
+    else:
+        assert other.commit_prepared(g)
+        assert preparer.start_another()
+        preparer.close()
+    assert other.prepared(sink) == []
+    assert other.visible_markers([g]) == {g}
+
+
+@pytest.fixture(params=["memory-mariadb", "mariadb"])
+def maria(request: pytest.FixtureRequest, sinks: list[str]) -> Iterator[Harness]:
+    """The scenarios that have no PostgreSQL counterpart (XA's formatID)."""
+    if request.param == "memory-mariadb":
+        yield MemoryHarness(MARIADB)
+        return
+    real = MariaHarness(request.getfixturevalue("mariadb_server"))
+    yield real
+    real.close(sinks)
+
+
+def test_a_branch_of_another_format_id_is_neither_listed_nor_finished(
+    maria: Harness, sinks: list[str]
+) -> None:
+    """Another application's branch with the gtrid and bqual of one of the sink's, under
+    another formatID: not the sink's (not listed), and never finished by it, though
+    MariaDB would finish it by gtrid and bqual alone (test_xa_facts)."""
+    sink = sinks[0]
+    g = gid(sink, 0)
+    clean = maria.prepare_foreign_format(g)
+    b = maria.session(0.3)
+    try:
+        assert b.prepared(sink) == []
+        assert b.task_state(sink, "r1", 0).prepared == ()
+        for finish in (b.commit_prepared, b.rollback_prepared):
+            with pytest.raises(ConfigError, match="not sqlsink's"):
+                finish(g)
+    finally:
+        clean()
+
+
+def test_a_branch_that_wrote_nothing_stays_prepared_until_finished(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """A branch that wrote nothing (XA START, XA END, XA PREPARE; PostgreSQL: BEGIN,
+    PREPARE TRANSACTION) stays prepared once its session has ended, listed as the sink's,
+    and is rolled back like any other: MariaDB 10.11 does not end it at PREPARE. (The
+    sink's branches always hold the marker row all the same.)"""
+    sink = sinks[0]
+    g = gid(sink, 0)
+    harness.prepare_empty(g)
+    b = harness.session()
+    assert [t.gid for t in b.prepared(sink)] == [g]
+    assert b.rollback_prepared(g)
+    assert b.prepared(sink) == []

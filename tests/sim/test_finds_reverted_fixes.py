@@ -7,6 +7,11 @@ writer, a checkpoint restored from an older copy, zombies, retries after PREPARE
 query replaced while half-committed; failovers, two queries in one driver, restarts
 in the same process), built from the same world as the default run.
 
+Issue 31's are MariaDB's, on the MariaDB flavour of the in-memory server, where a branch
+stays attached to the session that prepared it: the partition written as PostgreSQL's
+(no disconnect after XA PREPARE, its session kept for the next use), and the backend's
+finish without its wait for a branch still attached (XAER_NOTA read as "not prepared").
+
 Issue 26's three were windows of main (cf9f957) that this simulation found: there the
 mutant is the code itself. While a fix is not merged, ``checks.KNOWN`` lists its code
 (the default run counts it) and ``test_the_world_holds_with_the_fix`` is expected to
@@ -31,6 +36,7 @@ import pytest
 from tests.fix_sim import SimOptions
 from tests.sim import mutants
 from tests.sim.checks import KNOWN
+from tests.sim.memory import MARIADB
 from tests.sim.world import Profile, World, report
 
 MAX_STEPS = 60_000
@@ -49,6 +55,7 @@ class Case:
     needle: str = ""  # the second search goes on until a violation says this
     found_as: frozenset[str] = frozenset()  # checks.KNOWN codes it may show as: never tolerated
     branch: str = ""  # issue 26: the branch whose merge fixes it
+    issue: str = ""  # named by its issue (else issue 12's item, or issue 26's with a branch)
 
 
 BASE = replace(Profile(), p_second_writer=0.0, p_second_sink=0.0, p_rollback=0.0)
@@ -170,6 +177,25 @@ CASES = [
         found_as=frozenset({"live-session-ended"}),
         branch="fix/rone",
     ),
+    Case(
+        "MariaDB-disconnect",
+        "MariaDB: the partition keeps its session after XA PREPARE (checks after PREPARE "
+        "on it, then gives it back to be kept, as on PostgreSQL) instead of disconnecting",
+        mutants.mariadb_no_disconnect_after_prepare,
+        replace(BASE, flavour=MARIADB),
+        frozenset({"1"}),
+        needle="still prepared after the final recover",
+        issue="31",
+    ),
+    Case(
+        "MariaDB-wait",
+        "MariaDB: XAER_NOTA on a listed branch (still attached to the session that "
+        "prepared it) read as not prepared, instead of waited for (MariaDBBackend._finish)",
+        mutants.mariadb_nota_read_as_gone,
+        replace(BASE, flavour=MARIADB),
+        frozenset({"5"}),
+        issue="31",
+    ),
 ]
 ISSUE_26 = [c for c in CASES if c.branch]
 
@@ -202,6 +228,8 @@ def search(
 
 
 def _name(case: Case) -> str:
+    if case.issue:
+        return f"issue {case.issue} {case.item}"
     return f"issue 26 {case.item}" if case.branch else f"issue 12 item {case.item}"
 
 

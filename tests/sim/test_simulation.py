@@ -1,9 +1,12 @@
 """The protocol under simulation: the real core, seeded interleavings, invariants at every step.
 
 ``test_the_protocol_holds`` runs worlds of seeds 0, 1, ... until ``--sim-steps``
-steps (100,000 by default) have run; the first violation or unexpected exception
-fails it with the seed, the step, the last steps of the trace and the command that
-replays it (``pytest tests/sim --sim-seed N``).
+steps (150,000 by default) have run; ``test_the_protocol_holds_on_mariadb`` the same
+worlds on the MariaDB flavour of the in-memory server (``memory.py``: a prepared branch
+attached to its session until it ends, the partition's disconnect after XA PREPARE, XA
+RECOVER server-wide, restarts instead of failovers) for two thirds of those steps. The
+first violation or unexpected exception fails it with the seed, the step, the last steps
+of the trace and the command that replays it (``pytest tests/sim --sim-seed N``).
 
 Known windows (``checks.KNOWN``) are windows of the current core that the
 simulation found and that are not fixed yet; the default run counts them instead
@@ -23,6 +26,7 @@ import pytest
 
 from tests.fix_sim import SimOptions
 from tests.sim.checks import KNOWN
+from tests.sim.memory import MARIADB
 from tests.sim.world import Profile, World, report
 
 # what a default run must have done, so that it cannot quietly stop testing something
@@ -53,9 +57,30 @@ PATHS = (
     "restart in the same process",  # a run after one that ended, in its process
     "kept session reused",  # postgres/sessions.py
 )
+# MariaDB's: no failover (a restart instead) and no kept session; its own paths besides
+MARIADB_PATHS = (
+    *(
+        p
+        for p in PATHS
+        if "failover" not in p and p not in ("lost batches re-delivered", "kept session reused")
+    ),
+    "server restart",  # mariadbd killed and started again: every session ends
+    "branch still attached, waited",  # a finish met a branch its preparer had not left yet
+)
+MARIADB_SHARE = (2, 3)  # the MariaDB flavour runs this share of --sim-steps
 
 
-def test_the_protocol_holds(sim_options: SimOptions, sim_report: list[str]) -> None:
+def run_worlds(
+    sim_options: SimOptions,
+    sim_report: list[str],
+    *,
+    profile: Profile | None = None,
+    steps_wanted: int,
+    paths: tuple[str, ...],
+    name: str,
+) -> None:
+    """Seeds 0, 1, ... until ``steps_wanted`` steps have run (or the one ``--sim-seed``);
+    the first failure fails the test; the summary says what was done."""
     started = time.monotonic()
     tolerate: frozenset[str] | None = frozenset() if sim_options.strict else None
     replay = sim_options.seed is not None
@@ -64,9 +89,9 @@ def test_the_protocol_holds(sim_options: SimOptions, sim_report: list[str]) -> N
     seen: Counter[str] = Counter()
     findings: Counter[str] = Counter()
     for seed in seeds:
-        if not replay and steps >= sim_options.steps:
+        if not replay and steps >= steps_wanted:
             break
-        world = World(seed, tolerate=tolerate)
+        world = World(seed, profile, tolerate=tolerate)
         failure = world.run()
         if failure is not None:
             pytest.fail(report(world, failure), pytrace=False)
@@ -77,18 +102,37 @@ def test_the_protocol_holds(sim_options: SimOptions, sim_report: list[str]) -> N
         findings.update(world.checker.findings)
     elapsed = time.monotonic() - started
     sim_report.append(
-        f"default run: {steps:,} steps over {worlds} seed(s) in {elapsed:.1f} s, invariants held"
+        f"{name}: {steps:,} steps over {worlds} seed(s) in {elapsed:.1f} s, invariants held"
     )
     if findings:
         sim_report.append(
             "  known windows of the core met (tolerated, see tests/sim/checks.KNOWN): "
             + ", ".join(f"{code} x{n}" for code, n in sorted(findings.items()))
         )
-    sim_report.append("  paths taken: " + ", ".join(f"{path} x{seen[path]}" for path in PATHS))
+    sim_report.append("  paths taken: " + ", ".join(f"{path} x{seen[path]}" for path in paths))
     if not replay:
-        assert steps >= sim_options.steps
-        missing = [path for path in PATHS if not seen[path]]
-        assert not missing, f"the default run never took these paths: {missing}"
+        assert steps >= steps_wanted
+        missing = [path for path in paths if not seen[path]]
+        assert not missing, f"the {name} never took these paths: {missing}"
+
+
+def test_the_protocol_holds(sim_options: SimOptions, sim_report: list[str]) -> None:
+    run_worlds(
+        sim_options, sim_report, steps_wanted=sim_options.steps, paths=PATHS, name="default run"
+    )
+
+
+def test_the_protocol_holds_on_mariadb(sim_options: SimOptions, sim_report: list[str]) -> None:
+    """The same worlds on MariaDB's XA (``Profile.flavour``): every invariant holds."""
+    share, of = MARIADB_SHARE
+    run_worlds(
+        sim_options,
+        sim_report,
+        profile=replace(Profile(), flavour=MARIADB),
+        steps_wanted=sim_options.steps * share // of,
+        paths=MARIADB_PATHS,
+        name="MariaDB flavour",
+    )
 
 
 def test_a_seed_replays_exactly() -> None:

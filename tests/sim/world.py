@@ -41,6 +41,14 @@ records (a stream goes on), the next commit reports the loss (``DataLossError``)
 operator follows the error's advice: re-deliver (rewind the checkpoint), or accept the
 loss (``recover``, ``forget``), which the final check then counts as reported.
 
+A world's server has a flavour (``Profile.flavour``, ``memory.py``): PostgreSQL's, or
+MariaDB's XA. On MariaDB the task code mirrors ``mariadb/partition.write_partition``: the
+session says whose it is after the participant's checks, and after XA PREPARE the task
+disconnects and runs the check after PREPARE on a new session; no session is kept
+between uses; foreign branches are another application's formatID and look-alikes of
+the sink's (XA has no database: another database's sink of the same id is not a case);
+and instead of failovers the server restarts (every session ends, nothing is lost).
+
 The task code mirrors ``postgres/partition.write_partition`` around the real
 ``Participant``; commit and abort call the real ``Committer`` as ``spark/datasource.py``
 does (``DataSource``: what its abort passes). After the world, the clock jumps past
@@ -79,7 +87,15 @@ from sqlsink.core.resolver import TimeoutPolicy
 from sqlsink.errors import DataLossError, SinkBindingError, SqlsinkError
 from sqlsink.spark.driver_token import run_token
 from tests.sim.checks import KNOWN, Checker
-from tests.sim.memory import ConnectionLost, MemoryBackend, Server, SqlError
+from tests.sim.memory import (
+    OTHER_FORMAT,
+    POSTGRES,
+    SINK_FORMAT,
+    ConnectionLost,
+    MemoryBackend,
+    Server,
+    SqlError,
+)
 from tests.sim.sched import Actor, Failure, Sim, Violation
 
 DB = "shop"
@@ -175,6 +191,9 @@ class Profile:
     p_redeliver: float = 0.5  # the operator re-delivers a lost batch (else accepts the loss)
     # a recover without --checkpoint cannot read the checkpoint the sink's runs recorded
     p_checkpoint_unreadable: float = 0.5
+    # the server's flavour (memory.py): postgres, or mariadb (where ``failover`` is the
+    # probability of a restart of the server instead)
+    flavour: str = POSTGRES
 
 
 @dataclass
@@ -315,6 +334,7 @@ class World:
     """One seeded world: build it, ``run`` it, get None or the first failure."""
 
     datasource = DataSource  # the mutation tests put an older one here
+    keeps_sessions_on_mariadb = False  # a mutation test keeps them (as on PostgreSQL)
 
     def __init__(
         self, seed: int, profile: Profile | None = None, tolerate: frozenset[str] | None = None
@@ -331,6 +351,7 @@ class World:
             hooks=self.checker,
             step_no=lambda: self.sim.steps,
             cascade=profile.cascade,
+            flavour=profile.flavour,
         )
         self.storm = rng.choice(profile.storms)  # how hard faults strike this world
         self.superuser = rng.random() < profile.p_superuser
@@ -347,7 +368,7 @@ class World:
         self.processes = (f"jvm{n}" for n in itertools.count(1))
         self.runs_by_id: dict[str, Run] = {}
         self.loss_operating: Actor | None = None
-        if profile.failover > 0:
+        if profile.failover > 0 and not self.server.mariadb:
             self.server.cut_points = []  # cuts a failover may go back to
         self._setup()
 
@@ -395,7 +416,14 @@ class World:
             ("sqlsink_s1_1_2_rbad_01", DB),  # a leading zero: not one of ours
         ]
         for gid, database in foreign:
-            self.server.put_prepared(gid, database, owner="app")
+            if self.server.mariadb:  # XA has no database: the first two are another
+                # formatID's (the second with the gtrid and bqual of a sink's branch)
+                other = gid == "app_payment_7" or database != DB
+                self.server.put_prepared(gid, DB, owner="app", format_id=OTHER_FORMAT)
+                if not other:  # the look-alikes: the sink's formatID, no gid
+                    self.server.prepared[gid].format_id = SINK_FORMAT
+            else:
+                self.server.put_prepared(gid, database, owner="app")
             self.checker.foreign.add(gid)
         # a leftover of another sink (recover of every sink resolves it), and, at times,
         # one of this sink prepared by another role (left unless by a superuser)
@@ -416,6 +444,8 @@ class World:
             actor=actor,
             purpose=purpose,
             lock_timeout_s=self.profile.lock_timeout_s,
+            # MariaDB: a task's session says whose it is later (enter_task_session)
+            announced=not (self.server.mariadb and purpose.kind == "task"),
         )
         return MemoryBackend(self.server, session)
 
@@ -464,6 +494,9 @@ class World:
             return
         if not clean or process is None or process.dead:
             backend.close()
+            return
+        if self.server.mariadb and not self.keeps_sessions_on_mariadb:
+            backend.close()  # the MariaDB backend keeps no session between uses
             return
         if backend.keep():
             process.kept.append(backend)
@@ -626,6 +659,8 @@ class World:
                 participant = Participant(backend, task, self.timeouts, self.profile.run_timeout_s)
                 start = participant.before_write()
                 self.checker.on_task_start(backend.session, start)
+                if self.server.mariadb and not (start.skip or start.adopt):
+                    backend.enter_task_session()
                 if start.skip:
                     result = outcome(None, 0, True, started)
                 elif start.adopt:
@@ -641,7 +676,7 @@ class World:
                             str(gid), task.sink_id, task.batch_id, partition, len(records)
                         )
                         backend.prepare(str(gid))
-                        participant.after_prepare(gid)
+                        backend = self.after_prepare(actor, backend, participant, gid)
                     except EXPECTED:
                         backend.rollback()
                         raise
@@ -653,6 +688,28 @@ class World:
             return result
 
         return program
+
+    def after_prepare(
+        self, actor: Actor, backend: MemoryBackend, participant: Participant, gid: Gid
+    ) -> MemoryBackend:
+        """The participant's check after PREPARE; the session the task gives back. On
+        MariaDB (``mariadb/partition.py``): the task disconnects first (another session
+        can finish its branch only then) and checks on a new session, which it closes."""
+        if not self.server.mariadb:
+            participant.after_prepare(gid)
+            return backend
+        purpose = backend.session.purpose
+        actor.step("disconnect after XA PREPARE")  # a pause or a crash may strike here
+        backend.close()
+        after = self.connect(actor, purpose)
+        try:
+            Participant(
+                after, participant.task, self.timeouts, self.profile.run_timeout_s
+            ).after_prepare(gid)
+        except BaseException:
+            after.close()
+            raise
+        return after
 
     def launch(self, job: Job, partition: int) -> None:
         run = job.run
@@ -1155,6 +1212,13 @@ class World:
             f"decisions {sorted(lost)}"
         )
 
+    def _restart_server(self) -> None:
+        """MariaDB: mariadbd killed and started again; every session ends, the prepared
+        branches and the commit log stay (``memory.Server.restart``)."""
+        self.server.restart()
+        self.stats["server restart"] = self.stats.get("server restart", 0) + 1
+        self.sim.record("world: the server restarts; every session ends")
+
     def query_of(self, writer: Writer | None) -> Query | None:
         if writer is None or writer.kind != "stream":
             return None
@@ -1286,7 +1350,10 @@ class World:
         if self.calm:
             return
         if rng.random() < p.failover:
-            self._maybe_fail_over()
+            if self.server.mariadb:
+                self._restart_server()
+            else:
+                self._maybe_fail_over()
         if (self.recovering is None or self.recovering.done) and rng.random() < p.recover:
             sink = rng.choice(["s1", "s1", None])
             superuser = rng.random() < 0.5
@@ -1483,6 +1550,8 @@ class World:
                     self._final()
             finally:
                 self.sim.teardown()
+        if self.server.branch_waits:
+            self.stats["branch still attached, waited"] = self.server.branch_waits
         return self.sim.failure
 
     def _final(self) -> None:
@@ -1543,5 +1612,6 @@ def report(world: World, failure: Failure) -> str:
         f"last {len(world.sim.trace)} steps (each: the actor and what it was about to do):\n"
         f"{world.sim.describe()}\n\n"
         f"replay: pytest tests/sim --sim-seed {world.seed}"
+        + (" -k mariadb" if world.server.mariadb else "")
         + ("" if world.checker.tolerate else " --sim-strict")
     )
