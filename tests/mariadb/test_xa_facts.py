@@ -105,7 +105,7 @@ def test_xa_recover_lists_format_id_lengths_and_the_binary_data(
     spelled = f"X'{gtrid.hex()}',X'{bqual.hex()}',{fmt}"
     conn = server.connect(database=TARGET_DB)
     run(conn, f"XA START {spelled}")
-    run(conn, f"INSERT INTO `{table}` VALUES (1, 'a')")  # a branch that wrote nothing ends
+    run(conn, f"INSERT INTO `{table}` VALUES (1, 'a')")  # an empty one stays prepared too
     run(conn, f"XA END {spelled}")
     run(conn, f"XA PREPARE {spelled}")
     conn.close()
