@@ -10,6 +10,7 @@ slice: LOAD DATA against multi-row INSERT)."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 Connection = Any  # pymysql.connections.Connection: PyMySQL ships no types
@@ -43,8 +44,32 @@ def connect(
         **where,
         **kw,
     )
+    bound_waits(conn)
     execute(conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
     return conn
+
+
+# Every wait on the network ends (docs/DESIGN.md invariant 11), as on PostgreSQL
+# (postgres/connection.py's BOUNDED_WAITS): a half-open connection (a host gone without
+# a FIN) is found by TCP keepalives within about a minute instead of the kernel's two
+# hours, and data unacknowledged for a minute ends it. PyMySQL turns keepalives on with
+# the kernel's timings; a read timeout is not set, since a legitimate statement (a
+# partition's load, a GET_LOCK wait) may take longer than any fixed bound.
+KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+USER_TIMEOUT_MS = 60_000
+
+
+def bound_waits(conn: Connection) -> None:
+    """Keepalive timings and TCP_USER_TIMEOUT on a TCP session (not a Unix socket)."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
 def rows(conn: Connection, statement: str, args: Any = None) -> list[tuple[Any, ...]]:
