@@ -810,11 +810,11 @@ def check_commit_log(conn: Connection, server: Server, ctx: CheckContext) -> lis
             )
         )
     if creates:
-        out += _trigger_creators(server, grants)
+        out += trigger_creators(server, grants)
     return out
 
 
-def _trigger_creators(server: Server, grants: Grants) -> list[Finding]:
+def trigger_creators(server: Server, grants: Grants) -> list[Finding]:
     """With the binary log on, creating triggers needs SUPER or this setting."""
     log_bin = server.variables.get("log_bin")
     trust = server.variables.get("log_bin_trust_function_creators")

@@ -25,9 +25,12 @@ from sqlsink.errors import WriteError
 from sqlsink.mariadb import xid
 from sqlsink.mariadb.checks import (
     Server,
+    Variable,
     check_version,
+    fix,
     parse_grants,
     run_checks,
+    trigger_creators,
 )
 from sqlsink.mariadb.connection import connect, execute, rows
 from sqlsink.mariadb.partition import LoadTarget, write_partition
@@ -387,7 +390,7 @@ def test_a_pause_longer_than_net_read_timeout_ends_the_load(
     # the server ends the connection; what the sink makes of it is the partition's
     # error to word (today PyMySQL's own, an AttributeError of its closed socket)
     with _global(mariadb_server, net_read_timeout=1), pytest.raises(Exception) as caught:
-        write_partition(target, task, _paused(3))
+        write_partition(target, task, _paused(2))
     assert not isinstance(caught.value, AssertionError)
     assert _prepared_of(mariadb_server, task.sink_id) == []
     conn = connect(mariadb_server.url())
@@ -395,7 +398,7 @@ def test_a_pause_longer_than_net_read_timeout_ends_the_load(
     conn.close()
     # the same pause under the default is loaded
     task = _task()
-    outcome = write_partition(target, task, _paused(3))
+    outcome = write_partition(target, task, _paused(2))
     assert outcome.gid is not None
     assert [str(g) for g in _prepared_of(mariadb_server, task.sink_id)] == [outcome.gid]
     root = mariadb_server.connect(root=True)
@@ -471,3 +474,44 @@ def test_grants_as_mysql_and_mariadb_print_them() -> None:
     assert "TRIGGER" in grants.on_database("shop_eu")
     assert "INSERT" not in grants.on_database("shopx")  # '\\_' is a literal underscore
     assert grants.on_some_table("other", "INSERT") == ["t`x"]
+
+
+def test_fixes_where_the_value_comes_from() -> None:
+    server = _server("10.11.6-MariaDB")
+    conf = Variable(
+        "wait_timeout", "20", "server (50-server.cnf)", "CONFIG", "/etc/mysql/50-server.cnf"
+    )
+    assert fix(server, conf, "60") == (
+        "SET GLOBAL wait_timeout = 60; and wait_timeout = 60 in /etc/mysql/50-server.cnf"
+    )
+    line = Variable("local_infile", "OFF", "server (command line)", "COMMAND-LINE")
+    assert fix(server, line, "ON") == (
+        "SET GLOBAL local_infile = ON; and change --local-infile on mariadbd's command line "
+        "(it outranks the configuration files)"
+    )
+    assert fix(_server("8.0.36"), line, "ON") == "SET PERSIST local_infile = ON"
+
+
+def test_creating_the_guard_triggers_with_the_binary_log_on() -> None:
+    variables = {
+        "log_bin": Variable("log_bin", "ON", "server (option log-bin)", "COMPILE-TIME"),
+        "log_bin_trust_function_creators": Variable(
+            "log_bin_trust_function_creators", "OFF", "default", "COMPILE-TIME"
+        ),
+    }
+    server = Server("10.11.6-MariaDB", True, (10, 11, 6), "sink@%", TARGET_DB, variables)
+    (f,) = trigger_creators(
+        server, parse_grants(["GRANT ALL PRIVILEGES ON `sqlsink`.* TO `sink`@`%`"])
+    )
+    assert (f.level, f.setting, f.value, f.source) == (
+        "error",
+        "log_bin_trust_function_creators",
+        "OFF",
+        "default",
+    )
+    assert f.fix == (
+        "SET GLOBAL log_bin_trust_function_creators = ON; and log_bin_trust_function_creators "
+        "= ON under [mariadbd] in the server's configuration; or connect once as an "
+        "administrator so that the commit log is created"
+    )
+    assert trigger_creators(server, parse_grants(["GRANT SUPER ON *.* TO `sink`@`%`"])) == []
