@@ -29,7 +29,7 @@ The rules (each finding: level, setting, value, source, message, fix):
     ON on MariaDB: warning naming MDEV-21469 and MDEV-31921 (open reports of crashes
     that lose a prepared or decided branch with the binary log on; the sink's marker
     rows make such a loss a data-loss error, never a silent gap).
-``max_connections`` (and a non-zero ``max_user_connections``)
+``max_connections`` (or a lower ``max_user_connections``, also one set per user)
     Against partitions + 2 (a connection per loading partition, the driver's heartbeat
     and commit): warning when fewer are open, or free now.
 ``net_read_timeout``
@@ -96,6 +96,8 @@ _SETTINGS = (
     "innodb_lock_wait_timeout",
     "wait_timeout",
 )
+# limits MariaDB's GRANT ... WITH sets for one user: the session shows it
+_PER_USER = ("max_statement_time", "max_user_connections")
 _ORIGINS = {  # MariaDB's GLOBAL_VALUE_ORIGIN
     "COMPILE-TIME": "default",
     "COMMAND-LINE": "server (command line)",
@@ -182,9 +184,9 @@ def _read_mariadb(conn: Connection) -> dict[str, Variable]:
             source = f"server ({os.path.basename(path)})" if path else "server (configuration)"
         if name == "log_bin":  # read-only, said by the option log-bin; its origin says nothing
             source = "server (option log-bin)" if value.upper() == "ON" else "default"
-        if name == "max_statement_time" and session_value is not None:
+        if name in _PER_USER and session_value is not None:
             mine = _shown(session_value)
-            if mine != value:  # GRANT ... WITH MAX_STATEMENT_TIME for the user
+            if mine != value:  # GRANT ... WITH MAX_STATEMENT_TIME n (or ...) for the user
                 value, source, origin = mine, "the user's limit (GRANT ... WITH)", "USER"
         out[name] = Variable(name, value, source, origin, path and str(path))
     return out
@@ -378,10 +380,11 @@ def check_connections(conn: Connection, server: Server, ctx: CheckContext) -> li
     partitions = ctx.partitions
 
     def fix_to(n: int) -> str:
-        return (
-            f"{fix(server, limiter, str(n))} (or cap a batch's partitions with the "
-            "option maxPartitions)"
-        )
+        if limiter.origin == "USER":
+            statement = f"GRANT USAGE ON *.* TO {server.account} WITH MAX_USER_CONNECTIONS {n}"
+        else:
+            statement = fix(server, limiter, str(n))
+        return f"{statement} (or cap a batch's partitions with the option maxPartitions)"
 
     named = f"{limiter.name} = {limit}"
     if not partitions:
@@ -683,9 +686,15 @@ def _privileges(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def read_grants(conn: Connection) -> Grants:
-    """SHOW GRANTS of the session: the user's, and those of its enabled roles."""
-    return parse_grants(str(r[0]) for r in rows(conn, "SHOW GRANTS"))
+def read_grants(conn: Connection, mariadb: bool = True) -> Grants:
+    """SHOW GRANTS of the session: the user's, and those of its enabled roles (MariaDB
+    lists an enabled role's grants; MySQL only with USING, its active roles)."""
+    statement = "SHOW GRANTS"
+    if not mariadb:
+        active = rows(conn, "SELECT CURRENT_ROLE()")[0][0]
+        if active and str(active) != "NONE":
+            statement = f"SHOW GRANTS FOR CURRENT_USER() USING {active}"
+    return parse_grants(str(r[0]) for r in rows(conn, statement))
 
 
 def parse_grants(lines: Iterable[str]) -> Grants:
@@ -716,7 +725,7 @@ def check_commit_log(conn: Connection, server: Server, ctx: CheckContext) -> lis
     from sqlsink.mariadb.schema import migrations, version
 
     newest = migrations()[-1][0]
-    grants = read_grants(conn)
+    grants = read_grants(conn, server.mariadb)
     held = grants.on_database(LOG_DATABASE)
     out = []
     readable = True
@@ -852,7 +861,7 @@ def check_target(conn: Connection, server: Server, ctx: CheckContext) -> list[Fi
                 "check INSERT on the sink's tables",
             )
         ]
-    grants = read_grants(conn)
+    grants = read_grants(conn, server.mariadb)
     held = grants.on_database(database)
     source = f"user {server.user}"
     if "INSERT" not in held:

@@ -256,7 +256,8 @@ def limited(mariadb_server: MariaServer) -> Iterator[dict[str, str]]:
         f"CREATE TABLE `{TARGET_DB}`.`{table}` (id int) ENGINE=InnoDB",
         *(f"CREATE USER '{u}'@'%' IDENTIFIED BY 'pw'" for u in users.values()),
         f"GRANT INSERT ON `{TARGET_DB}`.`{table}` TO '{users['one']}'@'%'",
-        f"GRANT USAGE ON *.* TO '{users['one']}'@'%' WITH MAX_STATEMENT_TIME 30",
+        f"GRANT USAGE ON *.* TO '{users['one']}'@'%' WITH MAX_STATEMENT_TIME 30 "
+        "MAX_USER_CONNECTIONS 5",
         f"GRANT SELECT ON `{TARGET_DB}`.* TO '{users['read']}'@'%'",
         f"CREATE ROLE {role}",
         f"GRANT ALL PRIVILEGES ON `sqlsink`.* TO {role}",
@@ -281,7 +282,11 @@ def test_a_user_without_the_commit_log_gets_errors_naming_the_grant(
     mariadb_server: MariaServer, limited: dict[str, str]
 ) -> None:
     user = limited["one"]
-    found = _check(mariadb_server, CheckContext(trigger_interval_s=60), _url(mariadb_server, user))
+    found = _check(
+        mariadb_server,
+        CheckContext(trigger_interval_s=60, partitions=8),
+        _url(mariadb_server, user),
+    )
     account = f"'{user}'@'%'"
     f = found["sqlsink privileges"]
     assert _judged(f) == (
@@ -316,6 +321,18 @@ def test_a_user_without_the_commit_log_gets_errors_naming_the_grant(
     f = found["sqlsink schema"]
     assert (f.level, f.value, f.fix) == ("error", "not readable", None)
     assert f.message.startswith(f"{user}@% may not read the commit log (database sqlsink)")
+    f = found["max_user_connections"]
+    assert _judged(f) == (
+        "warning",
+        "5",
+        "the user's limit (GRANT ... WITH)",
+        f"GRANT USAGE ON *.* TO {account} WITH MAX_USER_CONNECTIONS 10 (or cap a batch's "
+        "partitions with the option maxPartitions)",
+    )
+    assert f.message.startswith(
+        "a batch of 8 partitions may hold 10 connections at once (one per loading partition, "
+        "the driver's heartbeat and commit) but max_user_connections = 5: "
+    )
     f = found["XA RECOVER"]
     assert _judged(f) == ("ok", "allowed", f"user {user}@%", None)  # measured: any user
 
