@@ -72,6 +72,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlsink.core.admin import CheckContext, Finding
+from sqlsink.mariadb import xid
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, errno, rows
 
 ERROR, WARNING, OK, INFO = "error", "warning", "ok", "info"
@@ -615,6 +616,7 @@ def check_xa_recover(conn: Connection, server: Server, ctx: CheckContext) -> lis
                 f"GRANT XA_RECOVER_ADMIN ON *.* TO {server.account}",
             )
         ]
+    ours = sum(1 for r in listed if xid.from_recover_row(tuple(r)) is not None)
     who = (
         "MariaDB lists every prepared branch to any user, and lets any user finish one"
         if server.mariadb
@@ -626,7 +628,7 @@ def check_xa_recover(conn: Connection, server: Server, ctx: CheckContext) -> lis
             name,
             "allowed",
             f"user {server.user}",
-            f"{who}; {len(listed)} prepared branch(es) on the server now",
+            f"{who}; {len(listed)} prepared branch(es) on the server now, {ours} of them sqlsink's",
         )
     ]
 
