@@ -44,7 +44,9 @@ The rules (each finding: level, setting, value, source, message, fix):
 ``innodb_lock_wait_timeout``
     Replaced on the sink's task, commit and heartbeat sessions by lockTimeout; applies
     to the planner's session and to other applications writing rows a prepared branch
-    holds until its batch commits. Warning below 10 s.
+    holds until its batch commits, or altering a table it wrote (measured: ALTER TABLE
+    behind a prepared branch waits this long, then fails with 1205; the detached branch
+    holds no metadata lock). Warning below 10 s.
 ``wait_timeout``
     Closes a session idle between statements for longer. No session of the sink is
     idle between batches, so the trigger interval does not bound it; a commit's own
@@ -531,8 +533,9 @@ def check_lock_wait(server: Server, ctx: CheckContext) -> list[Finding]:
             if ctx.trigger_interval_s
             else ""
         )
-        + f": other sessions writing those rows wait up to {v.value} s, then fail with error "
-        "1205"
+        + f": other sessions writing those rows, or altering a table a prepared branch wrote "
+        f"(a migration of the commit log's markers too), wait up to {v.value} s, then fail "
+        "with error 1205"
     )
     if v.number() >= LOCK_WAIT_FLOOR_S:
         return [

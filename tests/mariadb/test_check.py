@@ -120,9 +120,10 @@ def test_the_tests_server_as_the_sink_user(mariadb_server: MariaServer) -> None:
     f = found["innodb_lock_wait_timeout"]
     assert _judged(f) == ("ok", "50", "default", None)
     assert (
-        "(about the trigger interval, 30 s): other sessions writing those rows wait up to 50 s"
-        in (f.message)
-    )
+        "(about the trigger interval, 30 s): other sessions writing those rows, or altering a "
+        "table a prepared branch wrote (a migration of the commit log's markers too), wait up "
+        "to 50 s, then fail with error 1205"
+    ) in f.message
     f = found["wait_timeout"]
     assert _judged(f) == ("ok", "28800", "default", None)
     assert "so the trigger interval (30 s) does not bound it" in f.message
@@ -433,6 +434,26 @@ def test_max_statement_time_ends_the_load(mariadb_server: MariaServer, paused_ta
         write_partition(target, task, _paused(2))
     assert "max_statement_time exceeded" in str(caught.value)
     assert _prepared_of(mariadb_server, task.sink_id) == []
+
+
+def test_alter_table_behind_a_prepared_branch_waits_innodb_lock_wait_timeout(
+    mariadb_server: MariaServer, paused_table: str
+) -> None:
+    task = _task()
+    outcome = write_partition(LoadTarget(mariadb_server.url(), paused_table), task, _paused(0))
+    branch = xid.encode_text(str(outcome.gid))
+    assert branch is not None
+    root = mariadb_server.connect(root=True)
+    try:
+        execute(root, "SET SESSION lock_wait_timeout = 30, innodb_lock_wait_timeout = 1")
+        began = time.monotonic()
+        with pytest.raises(Exception) as caught:
+            execute(root, f"ALTER TABLE {paused_table} ADD COLUMN extra int")
+        assert caught.value.args[0] == 1205  # innodb_lock_wait_timeout's, not the MDL wait's
+        assert time.monotonic() - began < 10
+    finally:
+        execute(root, f"XA ROLLBACK {branch.sql()}")
+        root.close()
 
 
 def test_the_sink_sessions_take_wait_timeout_not_interactive_timeout(
