@@ -29,6 +29,11 @@ The rules (each finding: level, setting, value, source, message, fix):
     ON on MariaDB: warning naming MDEV-21469 and MDEV-31921 (open reports of crashes
     that lose a prepared or decided branch with the binary log on; the sink's marker
     rows make such a loss a data-loss error, never a silent gap).
+``binlog_format`` (with the binary log on)
+    STATEMENT: error (the sink's sessions run at READ COMMITTED, which InnoDB logs by
+    rows only: every write is refused, 1665; measured).
+``read_only``
+    ON: error, unless the user has SUPER or READ_ONLY ADMIN (every write refused, 1290).
 ``max_connections`` (or a lower ``max_user_connections``, also one set per user)
     Against partitions + 2 (a connection per loading partition, the driver's heartbeat
     and commit): warning when fewer are open, or free now.
@@ -98,6 +103,8 @@ _SETTINGS = (
     "max_statement_time",
     "innodb_lock_wait_timeout",
     "wait_timeout",
+    "binlog_format",
+    "read_only",
 )
 # limits MariaDB's GRANT ... WITH sets for one user: the session shows it
 _PER_USER = ("max_statement_time", "max_user_connections")
@@ -364,6 +371,70 @@ def check_binary_log(server: Server, ctx: CheckContext) -> list[Finding]:
             "PREPARE, before the batch is decided",
             "keep it if replicas, point-in-time recovery or change data capture need it; "
             "otherwise remove log-bin from the server's configuration and restart mariadbd",
+        )
+    ]
+
+
+def check_binlog_format(server: Server, ctx: CheckContext) -> list[Finding]:
+    """With the binary log on, STATEMENT logging refuses every write of the sink: its
+    sessions run at READ COMMITTED, which InnoDB logs by rows only (measured: 1665)."""
+    v, log_bin = server.variables.get("binlog_format"), server.variables.get("log_bin")
+    if v is None or log_bin is None or not log_bin.on():
+        return []
+    if v.value.upper() != "STATEMENT":
+        return [
+            Finding(
+                OK,
+                v.name,
+                v.value,
+                v.source,
+                "the sink's sessions run at READ COMMITTED, which InnoDB logs by rows: "
+                f"{v.value} allows it",
+            )
+        ]
+    return [
+        Finding(
+            ERROR,
+            v.name,
+            v.value,
+            v.source,
+            "the sink's sessions run at READ COMMITTED, which InnoDB logs by rows only: with "
+            "binlog_format = STATEMENT the server refuses every write of the sink (error "
+            "1665), its loads and its commit log's",
+            fix(server, v, "ROW"),
+        )
+    ]
+
+
+def check_read_only(conn: Connection, server: Server, ctx: CheckContext) -> list[Finding]:
+    """A read-only server (a replica, say) refuses the sink's writes, unless the user may
+    write all the same (SUPER, READ_ONLY ADMIN)."""
+    v = server.variables.get("read_only")
+    if v is None:
+        return []
+    if not v.on():
+        return [Finding(OK, v.name, v.value, v.source, "the server accepts writes")]
+    exempt = {"SUPER", "READ_ONLY ADMIN", "ALL PRIVILEGES"}
+    if exempt & read_grants(conn, server.mariadb).global_:
+        return [
+            Finding(
+                OK,
+                v.name,
+                v.value,
+                v.source,
+                f"the server is read-only, but {server.user} may write all the same (SUPER or "
+                "READ_ONLY ADMIN)",
+            )
+        ]
+    return [
+        Finding(
+            ERROR,
+            v.name,
+            v.value,
+            v.source,
+            f"the server is read-only (a replica?): it refuses every write of {server.user}, "
+            "the sink's loads and its commit log's (error 1290)",
+            f"point the URL at the primary server; or {fix(server, v, 'OFF')}",
         )
     ]
 
@@ -686,8 +757,8 @@ def _matches(pattern: str, database: str) -> bool:
 def _privileges(text: str) -> frozenset[str]:
     text = re.sub(r"\([^)]*\)", "", text)  # column lists: SELECT (a, b)
     names = {" ".join(p.split()).upper() for p in text.split(",")}
-    if "ALL PRIVILEGES" in names or "ALL" in names:
-        return _ALL | names - {"ALL PRIVILEGES", "ALL"}
+    if "ALL PRIVILEGES" in names or "ALL" in names:  # kept: on *.* it holds SUPER too
+        return _ALL | names | {"ALL PRIVILEGES"}
     return frozenset(names)
 
 
@@ -926,12 +997,19 @@ def run_checks(conn: Connection, ctx: CheckContext) -> list[Finding]:
         check_version,
         check_local_infile,
         check_binary_log,
+        check_binlog_format,
         check_net_read,
         check_statement_time,
         check_lock_wait,
         check_wait_timeout,
     ):
         out += check(server, ctx)
-    for with_conn in (check_connections, check_xa_recover, check_commit_log, check_target):
+    for with_conn in (
+        check_read_only,
+        check_connections,
+        check_xa_recover,
+        check_commit_log,
+        check_target,
+    ):
         out += with_conn(conn, server, ctx)
     return out

@@ -84,10 +84,12 @@ def test_the_tests_server_as_the_sink_user(mariadb_server: MariaServer) -> None:
         "server version",
         "local_infile",
         "log_bin",
+        "binlog_format",
         "net_read_timeout",
         "max_statement_time",
         "innodb_lock_wait_timeout",
         "wait_timeout",
+        "read_only",
         "max_connections",
         "XA RECOVER",
         "sqlsink schema",
@@ -111,6 +113,10 @@ def test_the_tests_server_as_the_sink_user(mariadb_server: MariaServer) -> None:
     assert "(MDEV-21469, MDEV-31921)" in f.message
     assert "lose a prepared or a decided XA branch" in f.message
     assert "into a data-loss error naming the batch and partition, never a silent gap" in f.message
+    f = found["binlog_format"]
+    assert _judged(f) == ("ok", "ROW", "server (command line)", None)
+    f = found["read_only"]
+    assert _judged(f) == ("ok", "OFF", "default", None)
     f = found["net_read_timeout"]
     assert _judged(f) == ("ok", "30", "default", None)
     assert "a longer pause between two Arrow batches" in f.message
@@ -225,6 +231,56 @@ def test_settings_set_global_are_judged_with_their_fix(mariadb_server: MariaServ
         + f.fix.split(" = ")[1].split(";")[0]
         + " under [mariadbd] in the server's configuration (or cap a batch's partitions with "
         "the option maxPartitions)"
+    )
+
+
+_WRITE = "REPLACE INTO sqlsink.task_sessions VALUES (0, 's', 0, 0, now())"
+
+
+def _refused(server: MariaServer) -> int:
+    """The server's error for a write of a sink session (READ COMMITTED, as every one)."""
+    conn = connect(server.url())
+    try:
+        with pytest.raises(Exception) as caught:
+            execute(conn, _WRITE)
+    finally:
+        conn.close()
+    return int(caught.value.args[0])
+
+
+def test_a_read_only_server_refuses_the_sink(mariadb_server: MariaServer) -> None:
+    with _global(mariadb_server, read_only=1):
+        found = _check(mariadb_server, CheckContext())
+        assert _refused(mariadb_server) == 1290
+    f = found["read_only"]
+    assert _judged(f) == (
+        "error",
+        "ON",
+        "server (SET GLOBAL)",
+        "point the URL at the primary server; or SET GLOBAL read_only = OFF; and read_only = "
+        "OFF under [mariadbd] in the server's configuration",
+    )
+    assert f.message == (
+        "the server is read-only (a replica?): it refuses every write of sink@%, the sink's "
+        "loads and its commit log's (error 1290)"
+    )
+
+
+def test_statement_logging_refuses_the_sink(mariadb_server: MariaServer) -> None:
+    with _global(mariadb_server, binlog_format="STATEMENT"):
+        found = _check(mariadb_server, CheckContext())
+        assert _refused(mariadb_server) == 1665
+    f = found["binlog_format"]
+    assert _judged(f) == (
+        "error",
+        "STATEMENT",
+        "server (SET GLOBAL)",
+        "SET GLOBAL binlog_format = ROW; and binlog_format = ROW under [mariadbd] in the "
+        "server's configuration",
+    )
+    assert f.message.endswith(
+        "with binlog_format = STATEMENT the server refuses every write of the sink (error "
+        "1665), its loads and its commit log's"
     )
 
 
