@@ -205,3 +205,33 @@ def _task(args: dict[str, Any]) -> PartitionOutcome:
 
 if __name__ == "__main__":
     print(_task(json.loads(sys.argv[1])))
+
+
+def test_planning_finds_the_key_and_refuses_every_upsert_problem_in_one_message(
+    mariadb_server: MariaServer,
+) -> None:
+    from pyspark.sql import types as T
+
+    from sqlsink.errors import ConfigError
+    from sqlsink.options import SinkOptions
+    from sqlsink.spark.plan import plan_write
+
+    url = mariadb_server.url()
+    table = f"p_{uuid.uuid4().hex[:8]}"
+    make_table(url, table, "ID bigint PRIMARY KEY, v varchar(20), w int")
+    schema = T.StructType(
+        [T.StructField("id", T.LongType()), T.StructField("v", T.StringType()),
+         T.StructField("gone", T.BooleanType())]
+    )  # fmt: skip
+    options = {"url": url, "table": table, "mode": "upsert", "deleteColumn": "gone"}
+    plan = plan_write(SinkOptions.parse(options), schema, "t")
+    assert plan.key == ("id",)  # the primary key, in the DataFrame's spelling
+    assert getattr(plan, "upsert") == UpsertPlan(("ID",), "gone")  # noqa: B009
+    assert getattr(plan, "columns") == ("ID", "v", "gone")  # noqa: B009
+    flag = T.StructType([*schema.fields[:2], T.StructField("gone", T.StringType())])
+    with pytest.raises(ConfigError) as caught:
+        plan_write(SinkOptions.parse({**options, "keyColumns": "v"}), flag, "t")
+    text = str(caught.value)
+    assert "deleteColumn 'gone' has Arrow type string: it must be a boolean" in text
+    assert "no unique index of the table is on exactly (`v`)" in text
+    assert text.endswith("Nothing was written")
