@@ -235,3 +235,19 @@ def test_planning_finds_the_key_and_refuses_every_upsert_problem_in_one_message(
     assert "deleteColumn 'gone' has Arrow type string: it must be a boolean" in text
     assert "no unique index of the table is on exactly (`v`)" in text
     assert text.endswith("Nothing was written")
+
+
+def test_the_server_killed_with_an_upsert_branch_prepared_keeps_it(
+    mariadb_server: MariaServer, writer: Upserter
+) -> None:
+    """The branch used a temporary table (gone with its session, and with the server):
+    after mariadbd's SIGKILL and restart it is prepared still, and its commit gives the
+    partition's last rows."""
+    if mariadb_server.process is None:
+        pytest.skip("only a server this run started can be crashed")
+    outcome = writer.write(0, PARTITION)
+    mariadb_server.kill_and_restart()
+    assert prepared_of(writer.url, writer.sink) == [outcome.gid]
+    writer.commit(0, [outcome])
+    assert table_of(writer.url, writer.table) == AFTER
+    assert prepared_of(writer.url, writer.sink) == []
