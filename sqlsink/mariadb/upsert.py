@@ -9,7 +9,10 @@ The rows go first to a staging table, then to the target by key, in the branch:
         LOAD DATA LOCAL INFILE (the FIFO, as append) REPLACE INTO stage
             REPLACE keeps, of the rows of a key, the last one sent: the last row of a
             key in the partition wins, as PostgreSQL's ordinal does
-        DELETE target FROM target JOIN stage ON key WHERE the flag is set
+        DELETE target FROM stage STRAIGHT_JOIN target ON key WHERE the flag is set
+            (the stage drives: each flagged key looked up in the target's unique index;
+            a scan of the target would wait on rows of other partitions' prepared
+            branches, which keep their row locks until the batch's commit)
         INSERT INTO target SELECT ... FROM stage WHERE the flag is not set
             ON DUPLICATE KEY UPDATE every written non-key column
             (every column a key: key = key, an update that changes nothing)
@@ -73,8 +76,10 @@ class UpsertPlan:
         if self.delete_column:
             flag = _q(self.delete_column)
             match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.keys)
+            # the staged rows first, each looking up its key: a scan of the target would
+            # lock (and wait on) rows another partition's prepared branch holds
             statements.append(
-                f"DELETE t FROM {target} AS t JOIN {stage} AS s ON {match} WHERE s.{flag}"
+                f"DELETE t FROM {stage} AS s STRAIGHT_JOIN {target} AS t ON {match} WHERE s.{flag}"
             )
             keep = f" WHERE s.{flag} IS NOT TRUE"
         lower_keys = {k.lower() for k in self.keys}
