@@ -38,12 +38,16 @@ def quote_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def load_statement(table: str, columns: Sequence[str], path: str) -> tuple[str, tuple[str]]:
+def load_statement(
+    table: str, columns: Sequence[str], path: str, *, replace: bool = False
+) -> tuple[str, tuple[str]]:
     """The LOAD DATA statement for this format (``table`` quoted already), and its
-    argument (the file's path)."""
+    argument (the file's path). ``replace``: a row whose unique key an earlier row of
+    the file holds replaces it (upsert's staging table: the last row of a key wins)."""
     names = ", ".join(quote_name(c) for c in columns)
+    how = "REPLACE " if replace else ""
     return (
-        f"LOAD DATA LOCAL INFILE %s INTO TABLE {table} CHARACTER SET binary "
+        f"LOAD DATA LOCAL INFILE %s {how}INTO TABLE {table} CHARACTER SET binary "
         "FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' "
         f"({names})",
         (path,),

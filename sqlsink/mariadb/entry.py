@@ -2,10 +2,11 @@
 (:class:`sqlsink.core.database.Database`), for ``mariadb://`` and ``mysql://`` URLs.
 
 Its capabilities are what is built and tested on MariaDB 10.11: the bulk load (LOAD
-DATA LOCAL INFILE from a FIFO into an XA branch). Not built yet, so refused before
-anything is written (``sqlsink.core.database.require``): upsert, schema evolution, the
-consistent view, the server checks (``sqlsink check``), the operator's commands
-(status, recover, forget, metrics), a pooler's detection. MariaDB cannot keep a
+DATA LOCAL INFILE from a FIFO into an XA branch); upsert (a session's temporary staging
+table, then INSERT ... ON DUPLICATE KEY UPDATE in the branch: ``upsert.py``). Not built
+yet, so refused before anything is written (``sqlsink.core.database.require``): schema
+evolution, the consistent view, the server checks (``sqlsink check``), the operator's
+commands (status, recover, forget, metrics), a pooler's detection. MariaDB cannot keep a
 partition's session after XA PREPARE (another session cannot finish the branch until
 that one ends), so that capability is absent by nature."""
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MariaDB:
     name: str = "MariaDB"
-    capabilities: frozenset[Capability] = frozenset({Capability.BULK_LOAD})
+    capabilities: frozenset[Capability] = frozenset({Capability.BULK_LOAD, Capability.UPSERT})
 
     def open_admin(self, url: str, command: str, password_command: str | None) -> AdminSession:
         """Refused: the operator's commands on MariaDB are not built yet (issue 31)."""

@@ -15,8 +15,11 @@ What is PostgreSQL's only, and how each method here answers it:
   server refuses in its own words (``sqlsink check`` on MariaDB is not built).
 - ``recheck_after_commit``: no-op (the server checks are not built on MariaDB).
 - ``check_writer_start``: the server's version and the commit log (XA needs no setting).
-Refused at planning with the reason: upsert, replace, schemaEvolution, consistentView
-(by capability), a dead-letter table, a semantic other than exactly_once, TLS options.
+Upsert (``upsert.py``): the key is keyColumns or the primary key, and a unique index
+on exactly those columns must exist; deleteColumn is a boolean DataFrame column, not
+the table's. Refused at planning with the reason: replace, schemaEvolution,
+consistentView (by capability), a dead-letter table, a semantic other than
+exactly_once, TLS options.
 Every method imports what it needs when called."""
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from sqlsink.core.model import Decision, PartitionOutcome, TaskIdentity
     from sqlsink.mariadb.backend import MariaDBBackend
     from sqlsink.mariadb.connection import Connection
+    from sqlsink.mariadb.upsert import UpsertPlan
 
 log = logging.getLogger("sqlsink")
 
@@ -126,7 +130,8 @@ class MariaDBPlan:
     database: str
     table: str
     columns: tuple[str, ...]
-    key: tuple[str, ...] = ()
+    key: tuple[str, ...] = ()  # upsert's key in the DataFrame's spelling (parts.by_key)
+    upsert: UpsertPlan | None = None
 
     @property
     def qualified(self) -> str:
@@ -183,15 +188,87 @@ def _columns(conn: Connection, database: str, table: str) -> list[tuple[Any, ...
     )
 
 
+def unique_keys(conn: Connection, database: str, table: str) -> list[tuple[bool, tuple[str, ...]]]:
+    """(is it the primary key, its columns) of each unique index of the table."""
+    from sqlsink.mariadb.connection import rows
+
+    found: dict[str, list[str]] = {}
+    for index, column in rows(
+        conn,
+        "SELECT index_name, column_name FROM information_schema.statistics "
+        "WHERE table_schema = %s AND table_name = %s AND non_unique = 0 "
+        "ORDER BY index_name, seq_in_index",
+        (database, table),
+    ):
+        found.setdefault(str(index), []).append(str(column))
+    return [(index == "PRIMARY", tuple(cols)) for index, cols in found.items()]
+
+
+def plan_upsert(
+    options: SinkOptions,
+    keys_found: Sequence[tuple[bool, tuple[str, ...]]],
+    matched: Mapping[str, str],
+    field_types: Mapping[str, Any],
+) -> tuple[UpsertPlan | None, tuple[str, ...], list[str]]:
+    """Upsert's plan (the key in the table's spelling), the key in the DataFrame's
+    spelling, and the problems. ``matched``: DataFrame column -> table column."""
+    import pyarrow as pa
+
+    from sqlsink.mariadb.upsert import UpsertPlan
+
+    problems = []
+    delete = options.delete_column
+    if delete is not None:
+        if delete not in field_types:
+            problems.append(f"deleteColumn {delete!r} is not a column of the DataFrame")
+        elif not pa.types.is_boolean(field_types[delete]):
+            problems.append(
+                f"deleteColumn {delete!r} has Arrow type {field_types[delete]}: it must be a "
+                "boolean (true deletes the key)"
+            )
+    given = tuple(options.key_columns)
+    if not given:
+        primary = [cols for is_primary, cols in keys_found if is_primary]
+        if not primary:
+            problems.append(
+                "mode=upsert needs a key: the table has no primary key; set the option "
+                "keyColumns (with a unique index on those columns)"
+            )
+            return None, (), problems
+        given = primary[0]
+    by_lower = {table.lower(): frame for frame, table in matched.items()}
+    keys = []
+    spelled = []
+    for k in given:
+        frame = by_lower.get(k.lower())
+        if frame is None:
+            problems.append(f"key column {k!r} is not among the DataFrame's columns")
+            continue
+        keys.append(matched[frame])
+        spelled.append(frame)
+    wanted = {k.lower() for k in given}
+    if not any({c.lower() for c in cols} == wanted for _, cols in keys_found):
+        names = ", ".join(f"`{k}`" for k in given)
+        problems.append(
+            f"no unique index of the table is on exactly ({names}), which upsert's ON "
+            f"DUPLICATE KEY UPDATE needs: ALTER TABLE ... ADD UNIQUE KEY ({names})"
+        )
+    if problems:
+        return None, (), problems
+    return UpsertPlan(tuple(keys), delete), tuple(spelled), problems
+
+
 def match_columns(
     where: str,
     engine: str | None,
     table_columns: Sequence[tuple[Any, ...]],
     field_names: Sequence[str],
     field_types: Mapping[str, Any],
+    delete_column: str | None = None,
 ) -> tuple[str, ...]:
     """The table's name of each DataFrame column (MariaDB's column names are case
-    insensitive); every mismatch in one ConfigError."""
+    insensitive; upsert's ``delete_column`` is the DataFrame's own, as it is); every
+    mismatch in one ConfigError."""
     by_name = {str(c[0]).lower(): c for c in table_columns}
     problems = []
     if engine is not None and engine.lower() != "innodb":
@@ -201,6 +278,9 @@ def match_columns(
         )
     matched = []
     for field in field_names:
+        if field == delete_column:
+            matched.append(field)
+            continue
         column = by_name.get(field.lower())
         if column is None:
             problems.append(f"DataFrame column {field!r} is not in the table")
@@ -214,7 +294,7 @@ def match_columns(
                 "decimal, a date or a timestamp"
             )
         matched.append(str(column[0]))
-    given = {f.lower() for f in field_names}
+    given = {f.lower() for f in field_names if f != delete_column}
     for name, nullable, default, extra in table_columns:
         if str(name).lower() in given or nullable == "YES" or default is not None:
             continue
@@ -281,10 +361,30 @@ class MariaDBLoading:
             )
             arrow = arrow_schema()
             types = {f.name: f.type for f in arrow}
-            columns = match_columns(
-                where, str(engine[0][0]) if engine else None, found, field_names, types
+            delete = options.delete_column if options.mode.value == "upsert" else None
+            try:
+                columns = match_columns(
+                    where, str(engine[0][0]) if engine else None, found, field_names, types,
+                    delete,
+                )  # fmt: skip
+                problems: list[str] = []
+            except ConfigError as exc:
+                if options.mode.value != "upsert":
+                    raise
+                columns, problems = (), [str(exc)]  # with upsert's, in one message
+            if options.mode.value != "upsert":
+                return MariaDBPlan(database, name, columns)
+            matched = (
+                dict(zip(field_names, columns, strict=True))
+                if columns
+                else {f: f for f in field_names}
             )
-        return MariaDBPlan(database, name, columns)
+            keys_found = unique_keys(conn, database, name)
+        upsert, ordering, more = plan_upsert(options, keys_found, matched, types)
+        if problems or more:
+            said = "; ".join(problems + [f"upsert into {where}: {p}" for p in more])
+            raise ConfigError(said if problems else f"{said}. Nothing was written")
+        return MariaDBPlan(database, name, columns, ordering, upsert)
 
     def _create(self, conn: Connection, database: str, name: str, columns: Sequence[Any]) -> None:
         import sqlalchemy as sa
@@ -406,6 +506,7 @@ class MariaDBLoading:
             lock_timeout_s=options.lock_timeout_s,
             timeouts=options.timeouts,
             run_timeout_s=options.run_timeout_s,
+            upsert=plan.upsert,
         )
         names = list(plan.columns)
         return write_partition(target, task, (b.rename_columns(names) for b in batches))

@@ -17,6 +17,11 @@ the client's file half-way, so it turns what strict mode makes errors (NULL into
 NULL, a value out of range, a duplicate key) into warnings and goes on, as if IGNORE
 were given (MariaDB's LOAD DATA INFILE documentation). So the load's warnings are read
 after it, and one is enough to roll the branch back with the server's own words.
+
+mode=upsert: before XA START the session creates its temporary staging table; the load
+goes to it with REPLACE (the last row of a key wins), then the branch deletes the keys
+whose last row is flagged deleted and inserts the rest ON DUPLICATE KEY UPDATE
+(``upsert.py``). The session's end after XA PREPARE drops the staging table.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from sqlsink.errors import SqlsinkError, TransientError, WriteError
 from sqlsink.mariadb import commit_log, encoding, xid
 from sqlsink.mariadb.backend import MariaDBBackend, enter_task_session
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute, rows
+from sqlsink.mariadb.upsert import UpsertPlan
 
 FEED_END_S = 10.0  # how long the FIFO's feeder may take to end once the load is over
 # errors a retry may not meet again: lost connection, lock wait timeout, deadlock, and
@@ -52,6 +58,9 @@ _TRANSIENT = {1205, 1213, 1614, 1402, 2006, 2013}
 SQL_MODE = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
 # LOAD DATA LOCAL refused: local_infile off on the server (MariaDB's 4166, MySQL's 1148)
 _NO_LOCAL_INFILE = {1148, 3948, 4166}
+# a value the column refuses (NULL into NOT NULL, out of range, too long, not a value of
+# its type): upsert's INSERT ... SELECT from its staging table raises them as errors
+_BAD_VALUE = {1048, 1263, 1264, 1265, 1292, 1366, 1406}
 _COLUMN = re.compile(r"column '([^']+)'", re.IGNORECASE)
 
 
@@ -67,9 +76,16 @@ class LoadTarget:
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     log_database: str = LOG_DATABASE
+    upsert: UpsertPlan | None = None  # mode=upsert: the key and the delete flag
 
     def quoted(self) -> str:
         return ".".join(encoding.quote_name(p) for p in self.table.split(".", 1))
+
+    def database(self, conn: Connection) -> str:
+        """The table's database: its own qualifier, else the session's."""
+        if "." in self.table:
+            return self.table.split(".", 1)[0]
+        return str(rows(conn, "SELECT DATABASE()")[0][0])
 
 
 def write_partition(
@@ -126,8 +142,21 @@ def _branch(
     branch = xid.encode(gid).sql()
     prepared = False
     try:
-        execute(conn, f"XA START {branch}")
-        count = _load(conn, target, task, batches)
+        upsert = target.upsert
+        if upsert is None:
+            execute(conn, f"XA START {branch}")
+            count = _load(conn, target, task, batches, target.quoted())
+        else:
+            first = next(batches)
+            columns = first.schema.names
+            database = target.database(conn)
+            for statement in upsert.create_stage(target.quoted(), database, columns):
+                execute(conn, statement)  # before XA START: DDL would end the branch
+            execute(conn, f"XA START {branch}")
+            stage = upsert.stage(database)
+            count = _load(conn, target, task, _chain(first, batches), stage, replace=True)
+            for statement in upsert.apply(target.quoted(), database, columns):
+                execute(conn, statement)
         commit_log.insert_marker(
             conn, target.log_database, str(gid), task.sink_id, task.batch_id,
             task.partition_id, count,
@@ -147,10 +176,17 @@ def _branch(
 
 
 def _load(
-    conn: Connection, target: LoadTarget, task: TaskIdentity, batches: Iterator[pa.RecordBatch]
+    conn: Connection,
+    target: LoadTarget,
+    task: TaskIdentity,
+    batches: Iterator[pa.RecordBatch],
+    table: str,
+    *,
+    replace: bool = False,
 ) -> int:
-    """LOAD DATA LOCAL INFILE from a FIFO fed by a thread; the rows loaded. A warning of
-    the load, or a value the encoding refuses, is a WriteError naming the column."""
+    """LOAD DATA LOCAL INFILE into ``table`` (quoted) from a FIFO fed by a thread; the
+    rows loaded (``replace``: the rows read, replaced ones too). A warning of the load,
+    or a value the encoding refuses, is a WriteError naming the column."""
     place = tempfile.mkdtemp(prefix="sqlsink-load-")
     fifo = os.path.join(place, "rows")
     os.mkfifo(fifo, 0o600)
@@ -160,10 +196,12 @@ def _load(
         first = next(batches)
         columns = first.schema.names
         feeder.start(first)
-        statement, args = encoding.load_statement(target.quoted(), columns, fifo)
+        statement, args = encoding.load_statement(table, columns, fifo, replace=replace)
         with conn.cursor() as cur:
             loaded = int(cur.execute(statement, args))
             warned = int(cur.warning_count)
+            if replace:  # its count is rows added + rows replaced: the server's info says
+                loaded = _records(cur, loaded)
         feeder.finish()
         if warned:
             raise _warning_error(conn, target, task, warned)
@@ -178,6 +216,18 @@ def _load(
     finally:
         feeder.finish()
         shutil.rmtree(place, ignore_errors=True)
+
+
+def _records(cur: object, affected: int) -> int:
+    """The rows LOAD DATA read (``Records: N  Deleted: D  Skipped: S ...``); the rows
+    it changed when the server's info is missing."""
+    result = getattr(cur, "_result", None)
+    info = getattr(result, "message", None)
+    text = info.decode() if isinstance(info, bytes) else str(info or "")
+    found = re.search(r"Records:\s*(\d+).*?Skipped:\s*(\d+)", text)
+    if found is None:
+        return affected
+    return int(found.group(1)) - int(found.group(2))
 
 
 class _Feeder:
@@ -320,12 +370,26 @@ def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> Exce
             partition=task.partition_id,
         )
     if code in _TRANSIENT or code is None:
+        advice = ""
+        if code == 1205 and target.upsert is not None:
+            advice = (
+                " (Fix, if it recurs: a key in two partitions of one batch makes the second "
+                "wait on the first's prepared branch: partition the DataFrame by the key, "
+                "repartition(n, key), as the foreachBatch writer does)"
+            )
         return TransientError(
-            f"{text}; the batch is retried", batch=task.batch_id, partition=task.partition_id
+            f"{text}; the batch is retried{advice}",
+            batch=task.batch_id,
+            partition=task.partition_id,
         )
+    fix = (
+        "Fix: correct or filter the offending rows (or the column's type), then restart the query"
+        if code in _BAD_VALUE
+        else "Fix the cause (the table, its columns, the sink role's privileges), then "
+        "restart the query from its checkpoint"
+    )
     return WriteError(
-        f"{text}. Fix the cause (the table, its columns, the sink role's privileges), then "
-        "restart the query from its checkpoint",
+        f"{text}. {fix}",
         batch=task.batch_id,
         partition=task.partition_id,
         column=column,

@@ -51,7 +51,7 @@ def test_mariadb_and_mysql_urls_open_the_mariadb_backend(url: str) -> None:
     assert scheme_problem(url) is None
     database = open_database(url)
     assert database.name == "MariaDB"
-    assert database.capabilities == frozenset({Capability.BULK_LOAD})
+    assert database.capabilities == frozenset({Capability.BULK_LOAD, Capability.UPSERT})
 
 
 def test_a_mariadb_urls_parts() -> None:
@@ -139,7 +139,6 @@ URL = "mariadb://app:s3cret@db.invalid:3306/shop"
 @pytest.mark.parametrize(
     ("given", "wanted_by", "lacks"),
     [
-        ({"mode": "upsert", "keyColumns": "id"}, "mode=upsert", Capability.UPSERT),
         ({"schemaEvolution": "addColumns"}, "schemaEvolution", Capability.SCHEMA_EVOLUTION),
         ({"consistentView": "shop_view"}, "consistentView", Capability.CONSISTENT_VIEW),
     ],

@@ -1,0 +1,94 @@
+"""Upsert inside a partition's XA branch on MariaDB (postgres/upsert.py's role).
+
+The rows go first to a staging table, then to the target by key, in the branch:
+
+    before XA START (same session):
+        CREATE TEMPORARY TABLE stage (UNIQUE KEY (key)) SELECT the written columns
+            FROM target LIMIT 0    (their types and NOT NULLs; plus the delete flag)
+    in the branch:
+        LOAD DATA LOCAL INFILE (the FIFO, as append) REPLACE INTO stage
+            REPLACE keeps, of the rows of a key, the last one sent: the last row of a
+            key in the partition wins, as PostgreSQL's ordinal does
+        DELETE target FROM stage STRAIGHT_JOIN target ON key WHERE the flag is set
+            (the stage drives: each flagged key looked up in the target's unique index;
+            a scan of the target would wait on rows of other partitions' prepared
+            branches, which keep their row locks until the batch's commit)
+        INSERT INTO target SELECT ... FROM stage WHERE the flag is not set
+            ON DUPLICATE KEY UPDATE every written non-key column
+            (every column a key: key = key, an update that changes nothing)
+
+Why a temporary table: it is the session's own (a retry or a speculative attempt of
+the same partition has its own, so their rows never mix nor wait on each other's
+locks), it costs no binary log (row format logs no temporary table) and no redo, and
+MariaDB 10.11 prepares and commits a branch that used one created before XA START
+(tests/mariadb/test_upsert.py). It is dropped when the session ends, which is right
+after XA PREPARE. DDL on an ordinary table would commit the branch implicitly, so a
+shared staging table would have to exist beforehand and hold every attempt's rows
+apart. Measured against multi-row INSERT ... ON DUPLICATE KEY UPDATE by
+benchmarks/mariadb_upsert_paths.py (benchmarks/results/mariadb_upsert_paths.md).
+
+What differs from PostgreSQL's ON CONFLICT (key): MariaDB's ON DUPLICATE KEY UPDATE
+fires on a conflict with any unique index of the table, not only the key's; a table
+whose rows are also unique on other columns updates the row that conflicts first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STAGE = "sqlsink_upsert_stage"  # a temporary table: the session's own
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True)
+class UpsertPlan:
+    """The key (the table's spelling) and the DataFrame's delete flag, if any."""
+
+    keys: tuple[str, ...]
+    delete_column: str | None = None
+
+    def stage(self, database: str) -> str:
+        return f"{_q(database)}.{_q(STAGE)}"
+
+    def create_stage(self, target: str, database: str, columns: Sequence[str]) -> list[str]:
+        """The statements that make the session's staging table (before XA START):
+        the written columns as the target has them, the flag, unique on the key."""
+        written = [c for c in columns if c != self.delete_column]
+        flag = f"{_q(self.delete_column)} BOOLEAN NULL, " if self.delete_column else ""
+        keys = ", ".join(map(_q, self.keys))
+        select = ", ".join(map(_q, written))
+        return [
+            f"DROP TEMPORARY TABLE IF EXISTS {self.stage(database)}",
+            f"CREATE TEMPORARY TABLE {self.stage(database)} ({flag}UNIQUE KEY ({keys})) "
+            f"ENGINE=InnoDB SELECT {select} FROM {target} LIMIT 0",
+        ]
+
+    def apply(self, target: str, database: str, columns: Sequence[str]) -> list[str]:
+        """The statements that move the staged rows to the target (in the branch)."""
+        stage = self.stage(database)
+        written = [c for c in columns if c != self.delete_column]
+        statements = []
+        keep = ""
+        if self.delete_column:
+            flag = _q(self.delete_column)
+            match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.keys)
+            # the staged rows first, each looking up its key: a scan of the target would
+            # lock (and wait on) rows another partition's prepared branch holds
+            statements.append(
+                f"DELETE t FROM {stage} AS s STRAIGHT_JOIN {target} AS t ON {match} WHERE s.{flag}"
+            )
+            keep = f" WHERE s.{flag} IS NOT TRUE"
+        lower_keys = {k.lower() for k in self.keys}
+        updates = [c for c in written if c.lower() not in lower_keys] or [self.keys[0]]
+        sets = ", ".join(f"{_q(c)} = VALUES({_q(c)})" for c in updates)
+        names = ", ".join(map(_q, written))
+        s_names = ", ".join(f"s.{_q(c)}" for c in written)
+        statements.append(
+            f"INSERT INTO {target} ({names}) SELECT {s_names} FROM {stage} AS s{keep} "
+            f"ON DUPLICATE KEY UPDATE {sets}"
+        )
+        return statements
