@@ -87,6 +87,8 @@ class EmbeddedMariaDB:
         self.data_dir = self.base_dir / "data"
         self.socket_path = str(self.base_dir / "mariadb.sock")
         self.error_log = self.base_dir / "error.log"
+        # its temporary files: not /tmp, where other servers' names may meet its own
+        self.tmp_dir = self.base_dir / "tmp"
         self.host = "127.0.0.1"
         self.port = port or _free_port()
         self.sink = sink
@@ -128,6 +130,7 @@ class EmbeddedMariaDB:
             MARIADBD, "--no-defaults", f"--datadir={data}", *self._run_as,
             f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self.socket_path}",
             f"--pid-file={base / 'mariadbd.pid'}", f"--log-error={self.error_log}",
+            f"--tmpdir={self.tmp_dir}",
             f"--log-bin={data / 'binlog'}", "--server-id=1", "--binlog-format=ROW",
             "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M",
             "--skip-name-resolve", "--max-connections=200", "--local-infile=1",
@@ -145,13 +148,13 @@ class EmbeddedMariaDB:
             raise ConfigError(
                 f"no MariaDB server binaries ({MARIADBD}, {INSTALL_DB}): {INSTALL_HINT}"
             )
-        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         try:
             done = subprocess.run(
                 [
                     INSTALL_DB, "--no-defaults", f"--datadir={self.data_dir}", *self._run_as,
                     "--auth-root-authentication-method=normal", "--skip-test-db",
-                    "--skip-name-resolve",
+                    "--skip-name-resolve", f"--tmpdir={self.tmp_dir}",
                 ],
                 capture_output=True, timeout=INSTALL_TIMEOUT_S, check=False,
             )  # fmt: skip
@@ -173,7 +176,7 @@ class EmbeddedMariaDB:
             return self
         self.init()
         first = self.root == ("root", "")
-        self.process = self._launch()
+        self._launch()
         if first:
             self._configure()
         return self
@@ -218,7 +221,9 @@ class EmbeddedMariaDB:
 
     # -- inside -------------------------------------------------------------------------
 
-    def _launch(self) -> subprocess.Popen[bytes]:
+    def _launch(self) -> None:
+        """Start mariadbd (``self.process`` at once: a stop during the wait finds it)."""
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         prefix: list[str] = []
         if setpriv := shutil.which("setpriv"):  # killed with its owner, never an orphan
             prefix = [setpriv, "--pdeathsig", "KILL", "--"]
@@ -229,13 +234,14 @@ class EmbeddedMariaDB:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C reaches the owner, which stops it
             )
+        self.process = proc
         began = time.monotonic()
         deadline = began + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
                 raise ConfigError(
-                    f"embedded MariaDB: mariadbd exited with {proc.returncode} at start; "
-                    f"see {self.error_log}"
+                    f"embedded MariaDB: mariadbd (data directory {self.data_dir}, port "
+                    f"{self.port}) exited with {proc.returncode} at start; see {self.error_log}"
                 )
             try:
                 self.connect(root=True, connect_timeout=2).close()
@@ -250,7 +256,6 @@ class EmbeddedMariaDB:
                     ) from None
                 time.sleep(0.05)
         self.started_in_s = time.monotonic() - began
-        return proc
 
     def _configure(self) -> None:
         """root gets a password; the sink's role gets what the sink needs: its databases
