@@ -22,16 +22,31 @@ import os
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sqlsink.mariadb.embedded import EmbeddedMariaDB, binaries_present
+from sqlsink.mariadb.embedded import (
+    MARIADBD,
+    ROOT_PASSWORD,
+    SINK_PASSWORD,
+    SINK_USER,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    EmbeddedMariaDB,
+    binaries_present,
+    stop_process,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
+# the starter's names, as the tests and benchmarks import them from here
+__all__ = [
+    "LOG_DB", "MARIADBD", "ROOT_PASSWORD", "SINK_PASSWORD", "SINK_USER", "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S", "TARGET_DB", "MariaServer",
+]  # fmt: skip
 TARGET_DB = "sqlsink_test"  # the tests' tables
 LOG_DB = "sqlsink"  # the commit log (sqlsink/mariadb)
 
@@ -43,31 +58,24 @@ class MariaServer:
     socket_path: str | None
     root: tuple[str, str]  # user, password
     sink: tuple[str, str]
-    own: EmbeddedMariaDB | None = None  # the server this run started, if it did
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.own.process if self.own is not None else None
-
-    @property
-    def datadir(self) -> Path | None:
-        return self.own.data_dir if self.own is not None else None
-
-    @property
-    def started_in_s(self) -> float:
-        return self.own.started_in_s if self.own is not None else 0.0
+    datadir: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+    args: list[str] = field(default_factory=list)  # mariadbd's command line
+    started_in_s: float = 0.0
+    own: EmbeddedMariaDB | None = None  # the starter of the server this run started
 
     def connect(self, *, root: bool = False, database: str | None = None, **kw: Any) -> Any:
-        if self.own is not None:
-            return self.own.connect(root=root, database=database, **kw)
         import pymysql
 
         user, password = self.root if root else self.sink
+        where: dict[str, Any] = (
+            {"unix_socket": self.socket_path}
+            if self.socket_path
+            else {"host": self.host, "port": self.port}
+        )
         kw.setdefault("autocommit", True)
         kw.setdefault("connect_timeout", 10)
-        return pymysql.connect(
-            user=user, password=password, database=database, host=self.host, port=self.port, **kw
-        )
+        return pymysql.connect(user=user, password=password, database=database, **where, **kw)
 
     def url(self, database: str = TARGET_DB) -> str:
         user, password = self.sink
@@ -78,9 +86,24 @@ class MariaServer:
 
     def kill_and_restart(self) -> None:
         """SIGKILL the server (a crash) and start it again on the same data directory."""
-        if self.own is None:
+        if self.process is None:
             pytest.fail("only a server this run started can be crashed")
-        self.own.kill_and_restart()
+        self.process.kill()
+        self.process.wait(STOP_TIMEOUT_S)
+        self.process = _start(self.args, self)
+
+
+def _start(args: list[str], server: MariaServer) -> subprocess.Popen[bytes]:
+    """mariadbd with this command line on the server's data directory, taking
+    connections (sqlsink.mariadb.embedded's wait)."""
+    assert server.own is not None
+    proc = server.own.launch(args)
+    server.started_in_s = server.own.started_in_s
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    stop_process(proc)
 
 
 def _setup_databases(server: MariaServer) -> None:
@@ -102,10 +125,17 @@ def _own_server(base: Path) -> Iterator[MariaServer]:
     if not binaries_present():
         pytest.fail("no MariaDB server binaries: scripts/ensure-mariadb.sh (as root) installs them")
     own = EmbeddedMariaDB(base, databases=(TARGET_DB, LOG_DB))
+    server = MariaServer(
+        own.host, own.port, own.socket_path, own.root, own.sink, own.data_dir, own=own
+    )
     try:
         own.start()
-        yield MariaServer(own.host, own.port, own.socket_path, own.root, own.sink, own)
+        server.root, server.process, server.args = own.root, own.process, own.args()
+        server.started_in_s = own.started_in_s
+        yield server
     finally:
+        if server.process is not None:
+            _stop(server.process)
         own.stop()
 
 

@@ -65,6 +65,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a mariadbd: SIGTERM (a clean shutdown), then SIGKILL after STOP_TIMEOUT_S."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(STOP_TIMEOUT_S)
+
+
 class EmbeddedMariaDB:
     """One MariaDB server in a directory of its own, on a free loopback port.
 
@@ -176,7 +188,7 @@ class EmbeddedMariaDB:
             return self
         self.init()
         first = self.root == ("root", "")
-        self._launch()
+        self.launch()
         if first:
             self._configure()
         return self
@@ -186,15 +198,8 @@ class EmbeddedMariaDB:
 
     def stop(self) -> None:
         """SIGTERM (a clean shutdown), then SIGKILL after STOP_TIMEOUT_S."""
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(STOP_TIMEOUT_S)
+        if self.process is not None:
+            stop_process(self.process)
 
     def kill(self) -> None:
         """SIGKILL the server: a crash as far as MariaDB knows."""
@@ -221,15 +226,17 @@ class EmbeddedMariaDB:
 
     # -- inside -------------------------------------------------------------------------
 
-    def _launch(self) -> None:
-        """Start mariadbd (``self.process`` at once: a stop during the wait finds it)."""
+    def launch(self, args: Sequence[str] | None = None) -> subprocess.Popen[bytes]:
+        """Start mariadbd on the data directory as it is (``args``: another command line
+        than ``args()``) and wait until it takes connections; ``self.process`` is set at
+        once, so that a stop during the wait finds it."""
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         prefix: list[str] = []
         if setpriv := shutil.which("setpriv"):  # killed with its owner, never an orphan
             prefix = [setpriv, "--pdeathsig", "KILL", "--"]
         with open(self.base_dir / "mariadbd.out", "ab") as out:
             proc = subprocess.Popen(
-                [*prefix, *self.args()],
+                [*prefix, *(self.args() if args is None else args)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C reaches the owner, which stops it
@@ -256,6 +263,7 @@ class EmbeddedMariaDB:
                     ) from None
                 time.sleep(0.05)
         self.started_in_s = time.monotonic() - began
+        return proc
 
     def _configure(self) -> None:
         """root gets a password; the sink's role gets what the sink needs: its databases
