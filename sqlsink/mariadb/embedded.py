@@ -97,7 +97,11 @@ class EmbeddedMariaDB:
         self.owns_base_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="sqlsink-mariadb-"))
         self.data_dir = self.base_dir / "data"
-        self.socket_path = str(self.base_dir / "mariadb.sock")
+        self.socket_path = str(self.base_dir.absolute() / "mariadb.sock")
+        self._socket_dir: str | None = None
+        if len(self.socket_path) > 100:  # a unix socket's path holds at most 107 bytes
+            self._socket_dir = tempfile.mkdtemp(prefix="sqlsink-mdb-")
+            self.socket_path = f"{self._socket_dir}/mariadb.sock"
         self.error_log = self.base_dir / "error.log"
         # its temporary files: not /tmp, where other servers' names may meet its own
         self.tmp_dir = self.base_dir / "tmp"
@@ -217,6 +221,8 @@ class EmbeddedMariaDB:
         self.stop()
         if self.owns_base_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedMariaDB:
         return self.start()
