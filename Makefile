@@ -22,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# the crash demo on an embedded PostgreSQL; ARGS="--backend mariadb": on a private mariadbd
 demo: setup
 	$(PY) examples/demo.py $(ARGS)
 
