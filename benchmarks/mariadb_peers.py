@@ -13,7 +13,9 @@ Append, into the empty table:
 * **the floor**: one ``LOAD DATA LOCAL INFILE`` of all rows and ``COMMIT``, from one
   process, no Spark; the file (tab-separated, written beforehand with the sink's own
   encoder, not timed) sent by MariaDB's command-line client (C), and by PyMySQL (the
-  client the sink uses). The faster of the two is the floor;
+  client the sink uses). The faster of the two is the floor. Beside it (not a floor), two
+  ``mariadb`` clients at once, each loading half the keys in its own transaction: what
+  two concurrent writers, like the sink's two partitions, cost the server without Spark;
 * **sqlsink** ``exactly_once`` append: ``readStream`` of the Parquet files (Spark's own
   file partitions), ``trigger(availableNow=True)``, ``writeStream.format("sqlsink")``, a
   fresh checkpoint (so a fresh sink id) per run: each partition an XA branch loaded by
@@ -106,6 +108,7 @@ SERVER_SETTINGS = {"innodb-buffer-pool-size": "1G", "innodb-log-file-size": "512
 HAND_PAGE = 1_000
 FLOOR_CLIENT = "LOAD DATA LOCAL INFILE, mariadb client (C), 1 process"
 FLOOR_PYMYSQL = "LOAD DATA LOCAL INFILE, PyMySQL, 1 process"
+TWO_CLIENTS = "LOAD DATA LOCAL INFILE, mariadb client (C), 2 processes at once, half the keys each"
 SINK_APPEND = 'sqlsink exactly_once append (format("sqlsink"))'
 JDBC = "Spark JDBC via foreachBatch, Connector/J, rewriteBatchedStatements"
 NOOP = "Spark noop sink (Spark's own floor)"
@@ -124,6 +127,7 @@ class Files:
 
     rows: Path
     prefill: Path
+    halves: tuple[Path, Path]  # the lower and the upper half of the keys
     encode_s: float  # what encoding every row took (the sink pays it inside its load)
 
 
@@ -139,7 +143,13 @@ def write_files(data: Dataset, place: Path) -> Files:
     with (place / "prefill.tsv").open("wb") as out:
         for batch in stale.to_batches(max_chunksize=10_000):
             out.write(encoding.encode(batch))
-    return Files(place / "rows.tsv", place / "prefill.tsv", encode_s)
+    half = table.num_rows // 2
+    for name, part in (("lower.tsv", table.slice(0, half)), ("upper.tsv", table.slice(half))):
+        with (place / name).open("wb") as out:
+            for batch in part.to_batches(max_chunksize=10_000):
+                out.write(encoding.encode(batch))
+    halves = (place / "lower.tsv", place / "upper.tsv")
+    return Files(place / "rows.tsv", place / "prefill.tsv", halves, encode_s)
 
 
 class Server:
@@ -194,27 +204,30 @@ class Server:
         finally:
             conn.close()
 
-    def load_client(self, path: Path) -> None:
+    def load_client(self, *paths: Path) -> None:
+        """One ``mariadb`` client process per file, all at once, each one transaction."""
+        running = [subprocess.Popen(self.client_command(path)) for path in paths]
+        for process in running:
+            if process.wait(timeout=3600) != 0:
+                raise RuntimeError(f"the mariadb client exited with {process.returncode}")
+
+    def client_command(self, path: Path) -> list[str]:
         statement, _ = encoding.load_statement(f"`{TABLE}`", COLUMNS, "PATH")
         statement = statement.replace("%s", "'" + str(path).replace("'", "''") + "'")
         user, password = self.server.sink
-        subprocess.run(
-            [
-                "mariadb",
-                "--no-defaults",
-                "--local-infile=1",
-                "--protocol=TCP",
-                f"--host={self.server.host}",
-                f"--port={self.server.port}",
-                f"--user={user}",
-                f"--password={password}",
-                "sqlsink_test",
-                "-e",
-                f"START TRANSACTION; {statement}; COMMIT",
-            ],
-            check=True,
-            timeout=3600,
-        )
+        return [
+            "mariadb",
+            "--no-defaults",
+            "--local-infile=1",
+            "--protocol=TCP",
+            f"--host={self.server.host}",
+            f"--port={self.server.port}",
+            f"--user={user}",
+            f"--password={password}",
+            "sqlsink_test",
+            "-e",
+            f"START TRANSACTION; {statement}; COMMIT",
+        ]
 
     def check(self, rows: int, first: int, sum_n: int) -> None:
         got = self.sql(
@@ -495,6 +508,10 @@ class Bench:
             srv.load_client(self.files.rows)
             return {}
 
+        def two_clients() -> dict[str, Any]:
+            srv.load_client(*self.files.halves)
+            return {}
+
         def pymysql_load() -> dict[str, Any]:
             srv.load_pymysql(self.files.rows)
             return {}
@@ -502,6 +519,7 @@ class Bench:
         out: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
             FLOOR_CLIENT: ("floor", lambda: self.timed(False, client)),
             FLOOR_PYMYSQL: ("floor", lambda: self.timed(False, pymysql_load)),
+            TWO_CLIENTS: ("floor", lambda: self.timed(False, two_clients)),
             SINK_APPEND: (
                 "append",
                 lambda: self.timed(False, lambda: self.streamed(sink_append, "sink")),
@@ -666,6 +684,10 @@ def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
         if floors:
             out["sink append / the floor (the faster LOAD DATA)"] = rate[SINK_APPEND] / max(
                 rate[f] for f in floors
+            )
+        if TWO_CLIENTS in rate:
+            out["sink append / 2 LOAD DATA processes at once"] = (
+                rate[SINK_APPEND] / rate[TWO_CLIENTS]
             )
         if JDBC in rate:
             out["sink append / Spark JDBC"] = rate[SINK_APPEND] / rate[JDBC]

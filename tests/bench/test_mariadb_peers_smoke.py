@@ -26,13 +26,15 @@ def test_mariadb_peers_floors_run_and_are_profiled(tmp_path: Path) -> None:
     assert set(floors) == {
         "LOAD DATA LOCAL INFILE, mariadb client (C), 1 process",
         "LOAD DATA LOCAL INFILE, PyMySQL, 1 process",
+        "LOAD DATA LOCAL INFILE, mariadb client (C), 2 processes at once, half the keys each",
     }
     assert all(m["rows_per_s"] > 0 and len(m["runs"]) == 1 for m in floors.values())
     assert results["errors"] == {}
-    for name in floors:  # one session, one LOAD DATA of every row, one COMMIT
+    for name in floors:  # per process one session, one LOAD DATA, one COMMIT
+        processes = 2 if "2 processes" in name else 1
         profile = results["profile"][name]
-        assert profile["sessions"] == 1
-        assert profile["by_kind"]["LOAD DATA"]["count"] == 1
-        assert profile["by_kind"]["COMMIT"]["count"] == 1
+        assert profile["sessions"] == processes
+        assert profile["by_kind"]["LOAD DATA"]["count"] == processes
+        assert profile["by_kind"]["COMMIT"]["count"] == processes
     assert results["machine"]["mariadb_settings"]["innodb_buffer_pool_size"] == str(2**30)
     assert out.with_suffix(".png").stat().st_size > 10_000
