@@ -49,7 +49,7 @@ run of every Spark method starts the Python workers and the JIT (not timed).
 
 Run from the repository's root (``scripts/ensure-jdbc.sh`` installs Connector/J)::
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/mariadb_peers.py --rows 1000000 --repeat 3 \\
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/mariadb_peers.py --rows 2000000 --repeat 3 \\
         --out benchmarks/results/mariadb_peers.json
 """
 
