@@ -139,8 +139,9 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=os.environ.get("SQLSINK_URL"),
-        help="PostgreSQL URL or conninfo of the sink's database (default: $SQLSINK_URL). "
-        "Prefer PGPASSWORD or ~/.pgpass to a password in the URL",
+        help="URL of the sink's database: PostgreSQL (a URL or conninfo) or MariaDB/MySQL "
+        "(mariadb://, mysql://) (default: $SQLSINK_URL). Prefer PGPASSWORD or ~/.pgpass "
+        "(PostgreSQL) or --password-command to a password in the URL",
     )
     p.add_argument(
         "--password-command",
