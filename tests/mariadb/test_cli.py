@@ -240,6 +240,16 @@ def test_forget_is_refused_while_a_run_is_live_then_removes_the_log(url: str) ->
         assert refused.code == 1 and not doc["forgotten"]
         assert f"a live run ({w.run})" in doc["message"]
         time.sleep(4.2)
+        holder = connect(url)  # the sink lock held (a committer, a recover): waited for
+        try:
+            assert rows(holder, "SELECT GET_LOCK(%s, 0)", (lock_name(w.sink),))[0][0] == 1
+            pid = rows(holder, "SELECT CONNECTION_ID()")[0][0]
+            locked = cli(url, "forget", "--json", "--sink-id", w.sink)
+        finally:
+            holder.close()
+        error = document(locked, "forget")["error"]
+        assert locked.code == 2 and f"held by connection {pid}" in error["message"], error
+        assert "KILL CONNECTION" in error["message"]
         done = cli(url, "forget", "--json", "--sink-id", w.sink)
         doc = document(done, "forget")
         assert done.code == 0 and doc["forgotten"], done.out + done.err
