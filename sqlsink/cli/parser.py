@@ -53,7 +53,8 @@ again."""
 
 CONNECT_FIX = (
     "check that the server is up, and the host, port, "
-    "database and user of --url (and PGPASSWORD / ~/.pgpass / --password-command)"
+    "database and user of --url (and its password, or PGPASSWORD / ~/.pgpass on "
+    "PostgreSQL, or --password-command)"
 )
 
 DocT = TypeVar("DocT", bound=Envelope)

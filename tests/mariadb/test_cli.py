@@ -33,7 +33,9 @@ PARTS = (range(0, 10), range(10, 20), range(20, 30))
 ALL = list(range(30))
 LIVE_S = 1.0  # the crashed runs' runTimeout: dead soon after their driver is killed
 # words of PostgreSQL that no text on a MariaDB url may say
-PG_WORDS = ("pg_prepared_xacts", "VACUUM", "pg_terminate_backend", "PREPARED '", "psql")
+PG_WORDS = (
+    "pg_prepared_xacts", "VACUUM", "pg_terminate_backend", "PREPARED '", "psql", "from PGPASSWORD",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,7 @@ def test_undecided_branches_of_a_killed_driver_warn_then_recover_rolls_them_back
     assert all(p["database"] == "sqlsink" and p["owner"] == "sink" for p in sink["prepared"])
     (warning,) = [w for w in doc["warnings"] if "no live run to finish them" in w["message"]]
     assert "holds its row locks" in warning["message"] and "sqlsink recover" in warning["fix"]
+    assert "(password: add it to --url, or pass --password-command)" in warning["fix"]
     text = cli(writer.url, "status", "--sink-id", writer.sink)
     assert "3 prepared transaction(s) have no live run" in text.out and text.code == 1
     # the batch is undecided above every decision: Spark may have committed it, so
