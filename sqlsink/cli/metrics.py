@@ -78,7 +78,8 @@ METRICS = (
     Series(
         "sqlsink_commit_seconds",
         "histogram",
-        "a batch's commit: its COMMIT PREPAREDs and completion (the figures' commit_ms)",
+        "a batch's commit: the commits of its prepared transactions and its completion "
+        "(the figures' commit_ms)",
     ),
     Series(
         "sqlsink_partition_write_seconds",

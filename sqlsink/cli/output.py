@@ -24,7 +24,7 @@ from sqlsink.cli.contract import (
     NoticeLevel,
     SessionJson,
 )
-from sqlsink.conninfo import redact, secrets_of, shown, without_password
+from sqlsink.conninfo import is_mariadb, redact, secrets_of, shown, without_password
 from sqlsink.core.admin import RoleInfo, Session
 from sqlsink.credentials import known_passwords
 
@@ -125,7 +125,11 @@ class Output:
     def paste_note(self) -> str:
         """After a pasteable command: where its password comes from, if one was left out."""
         _, had = without_password(self.url.removeprefix("jdbc:"))
-        return "  (password: from PGPASSWORD or ~/.pgpass)" if had else ""
+        if not had:
+            return ""
+        if is_mariadb(self.url):  # no password file or variable of its own: only these
+            return "  (password: add it to --url, or pass --password-command)"
+        return "  (password: from PGPASSWORD or ~/.pgpass)"
 
 
 def json_default(value: object) -> Any:

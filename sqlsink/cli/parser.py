@@ -53,7 +53,8 @@ again."""
 
 CONNECT_FIX = (
     "check that the server is up, and the host, port, "
-    "database and user of --url (and PGPASSWORD / ~/.pgpass / --password-command)"
+    "database and user of --url (and its password, or PGPASSWORD / ~/.pgpass on "
+    "PostgreSQL, or --password-command)"
 )
 
 DocT = TypeVar("DocT", bound=Envelope)
@@ -139,8 +140,9 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=os.environ.get("SQLSINK_URL"),
-        help="PostgreSQL URL or conninfo of the sink's database (default: $SQLSINK_URL). "
-        "Prefer PGPASSWORD or ~/.pgpass to a password in the URL",
+        help="URL of the sink's database: PostgreSQL (a URL or conninfo) or MariaDB/MySQL "
+        "(mariadb://, mysql://) (default: $SQLSINK_URL). Prefer PGPASSWORD or ~/.pgpass "
+        "(PostgreSQL) or --password-command to a password in the URL",
     )
     p.add_argument(
         "--password-command",

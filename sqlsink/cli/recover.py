@@ -159,6 +159,7 @@ class Recovery:
             query,
             self.me,
             self._evidence(self.sink_id),
+            terms=self.conn.terms(),
         )
         try:
             done = decider.run(
@@ -504,7 +505,7 @@ def _report(recovery: Recovery, checkpoint: Checkpoint | None, doc: RecoverDocum
     lost = [(sink.sink_id, batch, gid) for sink in sinks for batch, gid in sink.lost]
     warnings = recovery.warnings
     for sink in sinks:
-        warnings += sink_warnings(sink, recovery.dry_run, out)
+        warnings += sink_warnings(sink, recovery.dry_run, out, conn.terms())
     if (
         sink_id is not None
         and sink_id not in recovery.bound

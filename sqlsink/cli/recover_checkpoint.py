@@ -195,7 +195,7 @@ def print_checkpoint(out: Output, doc: CheckpointJson) -> None:
         if j > i:
             out.line(
                 f"  batches {b['batch_id']}-{batches[j]['batch_id']}: committed in Spark "
-                "and in PostgreSQL"
+                "and in the database"
             )
         else:
             out.line(f"  {b['message']}")

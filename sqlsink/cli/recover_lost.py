@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.output import CliError, Notice, Output
-from sqlsink.core.admin import AdminSession, RoleInfo
+from sqlsink.core.admin import AdminSession, RoleInfo, ServerTerms
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
 from sqlsink.core.lost import Evidence, LostBatch, stranger_gids, undecided_prepared
@@ -129,6 +129,7 @@ class Decider:
     me: RoleInfo
     proof: Evidence
     ended: list[int] = field(default_factory=list)  # fenced runs' lock holders it ended
+    terms: ServerTerms | None = None  # the database's words, for the fixes it tells
 
     def run(self, wanted: list[Request], lock_timeout: float, *, dry_run: bool) -> list[str]:
         """What was (or, in a dry run, would be) decided, one sentence per batch; a
@@ -227,8 +228,9 @@ class Decider:
                 f"one run ({shown or 'runs ' + ', '.join(sorted(runs))}): which attempts "
                 "Spark committed is not known here",
                 "keep one transaction per partition, of the run that Spark committed the batch "
-                "in, and roll back the others by hand (ROLLBACK PREPARED 'gid'), then run this "
-                "command again",
+                "in, and roll back the others by hand"
+                + (f" ({self.terms.rollback_example})" if self.terms else "")
+                + ", then run this command again",
             )
         if not self.me.superuser and (others := {t.owner for t in txns} - {self.me.role}):
             self._refuse(

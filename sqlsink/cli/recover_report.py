@@ -31,7 +31,7 @@ from sqlsink.cli.output import (
 )
 from sqlsink.cli.recover_lost import lost_notice
 from sqlsink.cli.runs import describe, end_json, prepared_by_run, run_json, timeout_text
-from sqlsink.core.admin import AdminSession, RunEnd, RunInfo, Session
+from sqlsink.core.admin import AdminSession, RunEnd, RunInfo, ServerTerms, Session
 from sqlsink.core.lost import LostBatch
 from sqlsink.core.model import ResolutionReport
 from sqlsink.core.resolution import (
@@ -195,7 +195,9 @@ def action_json(action: PlannedAction, result: ActionResult | None, now: datetim
 # -- warnings and the document ------------------------------------------------------------
 
 
-def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice]:
+def sink_warnings(
+    sink: SinkRecovery, dry_run: bool, out: Output, terms: ServerTerms
+) -> list[Notice]:
     """A refusal, a failure, the live runs left alone, the runs fenced, what a dry run
     leaves to do, a data loss."""
     warnings: list[Notice] = []
@@ -206,7 +208,7 @@ def sink_warnings(sink: SinkRecovery, dry_run: bool, out: Output) -> list[Notice
             "a committer holds the lock while it commits (seconds): run recover again. A "
             "holder stuck for longer is a paused or cut-off driver: if its run is dead, "
             f"declare it so: {fix_cmd} --force {runs} (this also ends its session when the "
-            "run recorded it); or end the session: SELECT pg_terminate_backend(pid)"
+            f"run recorded it); or end the session: {terms.end_session}"
         )
         warnings.append(Notice("warning", sink.message or "refused", fix, sink.sink_id))
     elif sink.status == "failed":

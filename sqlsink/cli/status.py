@@ -124,6 +124,7 @@ class StatusScan:
                 by_run.get(found.ended["run_id"]),
                 prepared_docs,
                 self.now,
+                self.conn.terms(),
             )
         ):
             self.warnings.append(left)
@@ -310,7 +311,7 @@ class StatusScan:
                 f"{len(old)} prepared transaction(s) older than {age} "
                 f"(oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
                 f"{format_age(oldest['age_seconds'])}): "
-                "a prepared transaction holds its locks and blocks VACUUM until it is finished"
+                f"a prepared transaction {self.conn.terms().prepared_cost} until it is finished"
             )
             fix = (
                 f"{fix_cmd}  (a running query resolves them at its next batch; if it is stopped "
@@ -354,7 +355,7 @@ class StatusScan:
                 f"sinkId, sink id {sink_id}), whose driver stopped before its commit or abort "
                 f"({shown}; oldest: {oldest['gid']}, {format_age(oldest['age_seconds'])}): no "
                 "later run of this sink id will ever exist, so nothing but sqlsink recover "
-                "finishes them, and meanwhile each holds its locks and blocks VACUUM"
+                f"finishes them, and meanwhile each {self.conn.terms().prepared_cost}"
             )
             fix = (
                 f"sqlsink recover --url {url} --sink-id {sink_id}  (commits them if the load's "
@@ -367,8 +368,8 @@ class StatusScan:
             f"{len(mine)} prepared transaction(s) have no live run to finish them ({shown}; "
             f"oldest: {oldest['gid']}, batch {oldest['batch_id']}, "
             f"{format_age(oldest['age_seconds'])}): nothing resolves them until the query "
-            "runs again (a retired query never does), and meanwhile each holds its locks and "
-            "blocks VACUUM"
+            "runs again (a retired query never does), and meanwhile each "
+            f"{self.conn.terms().prepared_cost}"
         )
         fix = (
             f"sqlsink recover --url {url} --sink-id {sink_id}  (a query retired for good: "
@@ -417,7 +418,7 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
         sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
         print_status(out, sinks, detailed=args.sink_id is not None)
         other_docs = others_json(others, now)
-        old = old_others_warning(other_docs, args.max_age, me.database)
+        old = old_others_warning(other_docs, args.max_age, me.database, conn.terms())
         if old is not None and args.sink_id is None:
             scan.warnings.append(old)
         print_others(out, other_docs)

@@ -15,7 +15,7 @@ from sqlsink.cli.contract import (
     RecentBatchJson,
 )
 from sqlsink.cli.output import CliError, Notice, format_age
-from sqlsink.core.admin import ConsistentView, DecisionRow, SinkRow
+from sqlsink.core.admin import ConsistentView, DecisionRow, ServerTerms, SinkRow
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import BatchFigures, PreparedTransaction
 from sqlsink.core.resolution import Scope, Why, sentence, whose
@@ -115,7 +115,7 @@ def others_json(others: Others, now: datetime) -> list[OtherPreparedJson]:
 
 
 def old_others_warning(
-    others: list[OtherPreparedJson], max_age: float, database: str
+    others: list[OtherPreparedJson], max_age: float, database: str, terms: ServerTerms
 ) -> Notice | None:
     """Another application's old prepared transaction in this database."""
     old = [o for o in others if o["age_seconds"] > max_age and o["database"] == database]
@@ -127,7 +127,7 @@ def old_others_warning(
         f"{len(old)} prepared transaction(s) in this database that are not a "
         f"sink's are older than {format_age(max_age)} (oldest {oldest['gid']!r}, "
         f"{format_age(oldest['age_seconds'])}, role {oldest['owner']}): a prepared "
-        "transaction holds its locks and blocks VACUUM until finished",
+        f"transaction {terms.prepared_cost} until finished",
         "not sqlsink's to resolve: find the application that prepared it; as a last "
-        "resort ROLLBACK PREPARED '<gid>' (as its owner or a superuser)",
+        f"resort {terms.rollback_example}, as {terms.finisher}",
     )

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlsink.cli.contract import InDoubtJson, PreparedJson, RunEndJson, SinkState
 from sqlsink.cli.output import Notice, Output, format_age, format_time
 from sqlsink.cli.runs import end_json, timeout_text
-from sqlsink.core.admin import DecisionRow, RunEnd, RunInfo
+from sqlsink.core.admin import DecisionRow, RunEnd, RunInfo, ServerTerms
 
 # a live run is QUIET when not heard from for longer than this many of its batch
 # intervals (plus QUIET_SLACK_S); with no interval known yet, for a third of its timeout
@@ -150,6 +150,7 @@ def leftover_notice(
     run: RunInfo | None,
     prepared: list[PreparedJson],
     now: datetime,
+    terms: ServerTerms,
 ) -> Notice | None:
     """The warning for partitions a run left prepared, undecided, when its query stopped
     or failed: no batch of theirs was decided, so they are rolled back, not committed;
@@ -180,8 +181,8 @@ def leftover_notice(
         f"run {ended['run_id']} of sink {sink_id} left {named} prepared and undecided: its "
         f"driver recorded that its query {end_word(ended)} at "
         f"{format_time(ended['ended_at'])} before deciding them. They are rolled back, not "
-        "committed (their rows are written again by the query's restart); until then they "
-        "hold their locks on the table and keep the server from vacuuming behind them"
+        "committed (their rows are written again by the query's restart); until then each "
+        f"{terms.prepared_cost}"
     )
     fix = (
         f"restart the query (it rolls them back first); or {when}; or now: sqlsink recover "

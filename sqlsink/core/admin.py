@@ -194,6 +194,25 @@ class ConsistentView:
     format: int
 
 
+@dataclass(frozen=True)
+class ServerTerms:
+    """How the commands' texts name a database's own things, so that none says
+    PostgreSQL's words on another database (``AdminSession.terms``)."""
+
+    prepared_cost: str  # what a prepared transaction costs until it is finished
+    end_session: str  # how to end a session (a stuck lock holder)
+    rollback_example: str  # how to roll one back by hand (a gid or xid as "<gid>")
+    finisher: str  # who may finish a prepared transaction
+
+
+POSTGRES_TERMS = ServerTerms(
+    "holds its locks and blocks VACUUM",
+    "SELECT pg_terminate_backend(pid)",
+    "ROLLBACK PREPARED '<gid>'",
+    "its owner or a superuser",
+)
+
+
 # -- the driver's errors, as the CLI tells them apart -----------------------------------------
 
 
@@ -226,6 +245,10 @@ class AdminSession(Protocol):
 
     def database(self) -> str:
         """The name of the session's database (no round trip)."""
+        ...
+
+    def terms(self) -> ServerTerms:
+        """The database's words for the commands' texts (no round trip)."""
         ...
 
     def schema_version(self) -> int:

@@ -13,6 +13,7 @@ from types import TracebackType
 import psycopg
 
 from sqlsink.core.admin import (
+    POSTGRES_TERMS,
     AdminSession,
     BatchSummary,
     CheckContext,
@@ -27,6 +28,7 @@ from sqlsink.core.admin import (
     RoleInfo,
     RunEnd,
     RunInfo,
+    ServerTerms,
     Session,
     SinkRow,
 )
@@ -66,6 +68,9 @@ class PostgresAdmin(AdminSession):
 
     def database(self) -> str:
         return str(self.conn.info.dbname)
+
+    def terms(self) -> ServerTerms:
+        return POSTGRES_TERMS
 
     def schema_version(self) -> int:
         return decisions.schema_version(self.conn)

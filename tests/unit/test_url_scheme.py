@@ -13,6 +13,7 @@ from pyspark.sql import types as T
 
 from sqlsink.backends import open_database
 from sqlsink.conninfo import params_of, redact, scheme_problem, secrets_of, shown
+from sqlsink.core.admin import DriverFault
 from sqlsink.core.database import Capability
 from sqlsink.errors import ConfigError
 from sqlsink.mariadb import loading as maria_loading
@@ -51,7 +52,14 @@ def test_mariadb_and_mysql_urls_open_the_mariadb_backend(url: str) -> None:
     assert scheme_problem(url) is None
     database = open_database(url)
     assert database.name == "MariaDB"
-    assert database.capabilities == frozenset({Capability.BULK_LOAD, Capability.UPSERT})
+    assert database.capabilities == frozenset(
+        {
+            Capability.BULK_LOAD,
+            Capability.UPSERT,
+            Capability.ADMIN_COMMANDS,
+            Capability.SERVER_CHECKS,
+        }
+    )
 
 
 def test_a_mariadb_urls_parts() -> None:
@@ -173,13 +181,16 @@ def test_mariadb_planning_refuses_postgresql_only_options(
     assert "Nothing was written" in str(caught.value) and "s3cret" not in str(caught.value)
 
 
-def test_the_cli_refuses_a_mariadb_url_as_not_built_yet() -> None:
-    with pytest.raises(ConfigError) as caught:
-        open_database(URL).open_admin(URL, "status", None)
-    text = str(caught.value)
-    assert "sqlsink status on a MariaDB or MySQL url is not built yet" in text
-    assert "s3cret" not in text
-    assert Capability.ADMIN_COMMANDS not in open_database(URL).capabilities
+def test_the_cli_opens_a_mariadb_url_and_tells_its_drivers_errors() -> None:
+    """The operator's commands on MariaDB (tests/mariadb/test_cli.py runs them): a refused
+    connection is PyMySQL's error, told as a lost connection, quoting no secret."""
+    database = open_database(URL)
+    assert Capability.ADMIN_COMMANDS in database.capabilities
+    with pytest.raises(Exception) as caught:
+        database.open_admin(URL, "status", None)
+    failed = database.driver_error(caught.value)
+    assert failed is not None and failed.fault is DriverFault.CONNECTION, caught.value
+    assert "s3cret" not in failed.diag and database.driver_error(ValueError("x")) is None
 
 
 @pytest.mark.parametrize(
