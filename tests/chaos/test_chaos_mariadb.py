@@ -81,6 +81,7 @@ ZOMBIE_WAIT_S = 60.0
 PAUSE_P = 0.1
 CRASH_AFTER_DEATH_P = 0.4  # mariadbd SIGKILLed after a run died (its branches prepared)
 RUN_TIMEOUT_S = 600.0
+CUT_WAIT_S = 30.0  # a cut at a random moment waits this long for a session of the sink
 DATA_LOSS = "data loss: decided transaction(s) are neither prepared nor committed"
 LOST_RE = re.compile(r"batch (\d+) partition (\d+) \(([^)]+)\)")
 NO_TABLE = 1146  # ER_NO_SUCH_TABLE
@@ -94,6 +95,7 @@ class Tally:
     crashes_mid_run: int = 0
     crashes_with_prepared: int = 0  # crashes while the sink had branches in XA RECOVER
     cut: Counter[str] = field(default_factory=Counter)  # sessions cut, by where
+    cut_missed: int = 0  # random-moment cuts that found no session of the sink in time
     failed_runs: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # the error each failed run ended with
     retry_runs: int = 0
@@ -109,12 +111,12 @@ class Tally:
             f"runs {self.runs}, driver kills {sum(self.kills.values())} {dict(self.kills)}, "
             f"server crashes {self.server_crashes} ({self.crashes_mid_run} mid-run, "
             f"{self.crashes_with_prepared} with the sink's branches prepared), sessions cut "
-            f"{sum(self.cut.values())} {dict(self.cut)}, runs failed otherwise "
-            f"{self.failed_runs}, runs with task retries {self.retry_runs} (a failure after "
-            f"PREPARE in {self.retries_after_prepare}), paused drivers "
-            f"{sum(self.paused.values())} {dict(self.paused)} {dict(self.zombies)}, data loss "
-            f"reported {self.data_loss_reports} times ({self.lost_branches} branches, "
-            f"{self.lost_rows} rows)"
+            f"{sum(self.cut.values())} {dict(self.cut)} ({self.cut_missed} random cuts found "
+            f"none), runs failed otherwise {self.failed_runs}, runs with task retries "
+            f"{self.retry_runs} (a failure after PREPARE in {self.retries_after_prepare}), "
+            f"paused drivers {sum(self.paused.values())} {dict(self.paused)} "
+            f"{dict(self.zombies)}, data loss reported {self.data_loss_reports} times "
+            f"({self.lost_branches} branches, {self.lost_rows} rows)"
         )
 
 
@@ -185,6 +187,13 @@ def branches(server: MariaServer, sink_id: str | None) -> list[Gid]:
     """The sink's prepared branches in XA RECOVER (every sink's when ``sink_id`` is None)."""
     found = [xid.from_recover_row(r) for r in query(server, "XA RECOVER")]
     return [g for g in found if g is not None and sink_id in (None, g.sink_id)]
+
+
+def sink_sessions(server: MariaServer) -> int:
+    found = query(
+        server, "SELECT count(*) FROM information_schema.PROCESSLIST WHERE USER = %s", (SINK_USER,)
+    )
+    return int(found[0][0])
 
 
 def cut_sink_sessions(server: MariaServer) -> int:
@@ -385,9 +394,18 @@ class Round:
                         tally.kills["random moment"] += 1
                         return
                     if cut_at is not None and elapsed > cut_at:
-                        tally.cut["random moment"] += cut_sink_sessions(server)
-                        cut_at = None
-                    if crash_at is not None and elapsed > crash_at:
+                        # (a driver holds sessions only while it writes or commits: the
+                        # cut waits up to CUT_WAIT_S for some, at the next tick each time)
+                        cut = cut_sink_sessions(server)
+                        tally.cut["random moment"] += cut
+                        if cut or elapsed > cut_at + CUT_WAIT_S:
+                            tally.cut_missed += not cut
+                            cut_at = None
+                    if (
+                        crash_at is not None
+                        and elapsed > crash_at
+                        and (sink_sessions(server) or elapsed > crash_at + CUT_WAIT_S)
+                    ):  # (while the sink works, as a cut: CUT_WAIT_S at most)
                         crash(server, tally, sink_of(tmp))
                         tally.crashes_mid_run += 1
                         crash_at = None
@@ -456,7 +474,7 @@ class Round:
         runs_before = set(runs_of(server, sink_of(tmp)))
         faults: list[dict[str, Any]] = []
         if forced or rng.random() < 0.75:
-            where = rng.choice(kill_points(None))
+            where = rng.choice(self.points)  # (weighted as kills are)
             faults.append(
                 {
                     "point": where,
