@@ -179,18 +179,24 @@ def insert_decision(conn: Connection, db: str, decision: NewDecision) -> bool:
     first = decision.first_write_at
     execute(conn, "BEGIN")
     try:
-        # a row made by a run's registration says no writer yet: the first decision's
-        execute(
-            conn,
-            f"INSERT IGNORE INTO `{db}`.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s)",
-            (sink_id, writer.kind, writer.query_id),
-        )
-        execute(
-            conn,
-            f"UPDATE `{db}`.sinks SET writer = %s, query_id = %s "
-            "WHERE sink_id = %s AND writer IS NULL",
-            (writer.kind, writer.query_id, sink_id),
-        )
+        # a row made by a run's registration says no writer yet: the first decision's.
+        # The sink's row is locked only when it is bound here (as on PostgreSQL): InnoDB
+        # locks it for INSERT IGNORE of a duplicate and for an UPDATE whose WHERE fails,
+        # and a driver paused inside this transaction would keep every next run from
+        # registering (1205), unfenced (tests/chaos/test_mariadb_paused_decision.py)
+        bound = rows(conn, f"SELECT writer FROM `{db}`.sinks WHERE sink_id = %s", (sink_id,))
+        if not bound or bound[0][0] is None:
+            execute(
+                conn,
+                f"INSERT IGNORE INTO `{db}`.sinks (sink_id, writer, query_id) VALUES (%s, %s, %s)",
+                (sink_id, writer.kind, writer.query_id),
+            )
+            execute(
+                conn,
+                f"UPDATE `{db}`.sinks SET writer = %s, query_id = %s "
+                "WHERE sink_id = %s AND writer IS NULL",
+                (writer.kind, writer.query_id, sink_id),
+            )
         written = execute(
             conn,
             f"INSERT IGNORE INTO `{db}`.decisions (sink_id, batch_id, gids, row_count, query_id, "

@@ -39,12 +39,16 @@ def register_run(
     try:
         locked = rows(
             conn,
-            f"SELECT s.writer, s.query_id, (SELECT max(batch_id) FROM `{db}`.decisions d "
-            "                              WHERE d.sink_id = s.sink_id) "
-            f"FROM `{db}`.sinks s WHERE s.sink_id = %s FOR UPDATE",
+            f"SELECT writer, query_id FROM `{db}`.sinks WHERE sink_id = %s FOR UPDATE",
             (sink_id,),
         )
-        writer, query_id, highest = locked[0]
+        writer, query_id = locked[0]
+        # a plain (consistent) read, in a statement of its own: inside FOR UPDATE, the
+        # subquery would lock the decisions too, and wait for a decision being written
+        # by a driver paused inside its transaction (tests/chaos/test_mariadb_paused_decision.py)
+        highest = rows(
+            conn, f"SELECT max(batch_id) FROM `{db}`.decisions WHERE sink_id = %s", (sink_id,)
+        )[0][0]
         if admit is not None:
             admit(binding_of(writer, query_id), None if highest is None else int(highest))
         fenced = _register(conn, db, sink_id, run_id, live_for_s, holds_lock, token)
