@@ -105,6 +105,8 @@ _SETTINGS = (
     "wait_timeout",
     "binlog_format",
     "read_only",
+    "innodb_flush_log_at_trx_commit",
+    "sync_binlog",
 )
 # limits MariaDB's GRANT ... WITH sets for one user: the session shows it
 _PER_USER = ("max_statement_time", "max_user_connections")
@@ -373,6 +375,60 @@ def check_binary_log(server: Server, ctx: CheckContext) -> list[Finding]:
             "otherwise remove log-bin from the server's configuration and restart mariadbd",
         )
     ]
+
+
+def check_durability(server: Server, ctx: CheckContext) -> list[Finding]:
+    """Invariant 1's durability: each commit on disk when it returns. Otherwise a crash of
+    the host (power, the kernel; not mariadbd's alone) can take back the last commits:
+    decisions and XA COMMITs among them, so the database goes back in time. The sink does
+    not lose such a batch silently (Spark's checkpoint names batches the log lacks: a
+    data-loss error), but the rows are gone and must come again from the source."""
+    out: list[Finding] = []
+    back = (
+        "a crash of the host (power, the kernel) can take back about the last second of "
+        "commits, the sink's decisions and XA COMMITs among them; the sink then reports "
+        "the batches Spark committed whose records are gone as data loss (never a silent "
+        "gap), and their rows must come again from the source"
+    )
+    v = server.variables.get("innodb_flush_log_at_trx_commit")
+    if v is not None:
+        when = "once a second" if v.value.strip() in ("0", "2") else "not at each commit"
+        if v.value.strip() == "1":
+            out.append(
+                Finding(OK, v.name, v.value, v.source, "each commit is on disk when it returns")
+            )
+        else:
+            out.append(
+                Finding(
+                    WARNING,
+                    v.name,
+                    v.value,
+                    v.source,
+                    f"InnoDB writes its log to disk {when}: {back}",
+                    fix(server, v, "1"),
+                )
+            )
+    log_bin = server.variables.get("log_bin")
+    v = server.variables.get("sync_binlog")
+    if v is not None and log_bin is not None and log_bin.on():
+        if v.value.strip() == "1":
+            out.append(
+                Finding(OK, v.name, v.value, v.source, "the binary log is on disk at each commit")
+            )
+        else:
+            out.append(
+                Finding(
+                    WARNING,
+                    v.name,
+                    v.value,
+                    v.source,
+                    "with the binary log on, it decides every commit (XA's included) at a "
+                    "restart, and it is not written to disk at each commit: a branch the "
+                    f"binary log lost is rolled back although its commit returned; {back}",
+                    fix(server, v, "1"),
+                )
+            )
+    return out
 
 
 def check_binlog_format(server: Server, ctx: CheckContext) -> list[Finding]:
@@ -997,6 +1053,7 @@ def run_checks(conn: Connection, ctx: CheckContext) -> list[Finding]:
         check_version,
         check_local_infile,
         check_binary_log,
+        check_durability,
         check_binlog_format,
         check_net_read,
         check_statement_time,

@@ -84,6 +84,8 @@ def test_the_tests_server_as_the_sink_user(mariadb_server: MariaServer) -> None:
         "server version",
         "local_infile",
         "log_bin",
+        "innodb_flush_log_at_trx_commit",
+        "sync_binlog",
         "binlog_format",
         "net_read_timeout",
         "max_statement_time",
@@ -612,3 +614,28 @@ def test_creating_the_guard_triggers_with_the_binary_log_on() -> None:
         "administrator so that the commit log is created"
     )
     assert trigger_creators(server, parse_grants(["GRANT SUPER ON *.* TO `sink`@`%`"])) == []
+
+
+def test_durability_each_commit_on_disk(mariadb_server: MariaServer) -> None:
+    """innodb_flush_log_at_trx_commit and (with the binary log on) sync_binlog: 1, or a
+    host's crash can take back decided commits (invariant 1's durability); a warning
+    naming what is lost and how the sink reports it, with the fix."""
+    with _global(mariadb_server, innodb_flush_log_at_trx_commit=1, sync_binlog=1):
+        found = _check(mariadb_server, CheckContext())
+    assert found["innodb_flush_log_at_trx_commit"].level == "ok"
+    assert found["sync_binlog"].level == "ok"
+    with _global(mariadb_server, innodb_flush_log_at_trx_commit=2, sync_binlog=0):
+        found = _check(mariadb_server, CheckContext())
+    f = found["innodb_flush_log_at_trx_commit"]
+    assert _judged(f) == (
+        "warning",
+        "2",
+        "server (SET GLOBAL)",
+        "SET GLOBAL innodb_flush_log_at_trx_commit = 1; and innodb_flush_log_at_trx_commit = "
+        "1 under [mariadbd] in the server's configuration",
+    )
+    assert "once a second" in f.message and "data loss (never a silent gap)" in f.message
+    f = found["sync_binlog"]
+    assert f.level == "warning" and f.value == "0"
+    assert "rolled back although its commit returned" in f.message
+    assert f.fix is not None and f.fix.startswith("SET GLOBAL sync_binlog = 1;")
