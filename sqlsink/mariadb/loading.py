@@ -189,19 +189,28 @@ def _columns(conn: Connection, database: str, table: str) -> list[tuple[Any, ...
 
 
 def unique_keys(conn: Connection, database: str, table: str) -> list[tuple[bool, tuple[str, ...]]]:
-    """(is it the primary key, its columns) of each unique index of the table."""
+    """(is it the primary key, its columns) of each unique index of the table on whole
+    columns: an index on a column's prefix (``UNIQUE KEY (k(3))``) is not unique on the
+    column's values, so upsert's staging table (unique on the whole column) would send two
+    keys sharing the prefix to ON DUPLICATE KEY UPDATE, the second overwriting the first's
+    row."""
     from sqlsink.mariadb.connection import rows
 
     found: dict[str, list[str]] = {}
-    for index, column in rows(
+    prefixed: set[str] = set()
+    for index, column, sub_part in rows(
         conn,
-        "SELECT index_name, column_name FROM information_schema.statistics "
+        "SELECT index_name, column_name, sub_part FROM information_schema.statistics "
         "WHERE table_schema = %s AND table_name = %s AND non_unique = 0 "
         "ORDER BY index_name, seq_in_index",
         (database, table),
     ):
         found.setdefault(str(index), []).append(str(column))
-    return [(index == "PRIMARY", tuple(cols)) for index, cols in found.items()]
+        if sub_part is not None:
+            prefixed.add(str(index))
+    return [
+        (index == "PRIMARY", tuple(cols)) for index, cols in found.items() if index not in prefixed
+    ]
 
 
 def plan_upsert(
@@ -231,8 +240,8 @@ def plan_upsert(
         primary = [cols for is_primary, cols in keys_found if is_primary]
         if not primary:
             problems.append(
-                "mode=upsert needs a key: the table has no primary key; set the option "
-                "keyColumns (with a unique index on those columns)"
+                "mode=upsert needs a key: the table has no primary key on whole columns; "
+                "set the option keyColumns (with a unique index on those columns)"
             )
             return None, (), problems
         given = primary[0]
@@ -251,7 +260,9 @@ def plan_upsert(
         names = ", ".join(f"`{k}`" for k in given)
         problems.append(
             f"no unique index of the table is on exactly ({names}), which upsert's ON "
-            f"DUPLICATE KEY UPDATE needs: ALTER TABLE ... ADD UNIQUE KEY ({names})"
+            f"DUPLICATE KEY UPDATE needs: ALTER TABLE ... ADD UNIQUE KEY ({names}) (an "
+            "index on a prefix of a column, as k(3), does not count: two keys sharing the "
+            "prefix would overwrite each other's row)"
         )
     if problems:
         return None, (), problems

@@ -434,3 +434,24 @@ def test_a_user_without_update_fails_the_task_naming_the_privilege_nothing_prepa
         assert q(lim_url, f"SELECT count(*) FROM `{table}`") == [(0,)]
     finally:
         forget_sink(lim_url, sink)
+
+
+# -- keys the staging table and the target compare differently ---------------------------
+
+
+def test_a_prefix_unique_index_as_the_key_is_refused_at_planning(
+    url: str, sinks: list[str]
+) -> None:
+    from pyspark.sql import types as T
+
+    from sqlsink.options import SinkOptions
+    from sqlsink.spark.plan import plan_write
+
+    w = upserter(url, sinks, "k varchar(10) NOT NULL, v int, UNIQUE KEY (k(3))")
+    schema = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.IntegerType())])
+    options = {"url": url, "table": w.table, "mode": "upsert", "keyColumns": "k"}
+    with pytest.raises(ConfigError) as caught:  # the staging table is unique on the
+        plan_write(SinkOptions.parse(options), schema, "t")  # whole column: 'abcX' and
+    text = str(caught.value)  # 'abcY' overwrote each other's row (found by this test)
+    assert "no unique index of the table is on exactly (`k`)" in text, text
+    assert "prefix of a column" in text and text.endswith("Nothing was written"), text
