@@ -455,3 +455,75 @@ def test_a_prefix_unique_index_as_the_key_is_refused_at_planning(
     text = str(caught.value)  # 'abcY' overwrote each other's row (found by this test)
     assert "no unique index of the table is on exactly (`k`)" in text, text
     assert "prefix of a column" in text and text.endswith("Nothing was written"), text
+
+
+def test_a_deadlock_between_two_streams_is_a_transient_error_nothing_left_prepared(
+    mariadb_server: MariaServer, url: str, sinks: list[str]
+) -> None:
+    """Stream A deletes 2 and upserts 1, stream B deletes 1 and upserts 2. A root session
+    holds keys 10 and 11 (each stream also deletes one) until both deletes wait on it,
+    then lets go: A holds 2 and wants 1, B holds 1 and wants 2. InnoDB's 1213 rolls one
+    branch back: a TransientError in the sink's words, nothing of it prepared; the other
+    prepares; the loser's retry after the winner's commit gives the exact rows."""
+    import threading
+    import time
+
+    made = upserter(url, sinks)
+    run(url, f"INSERT INTO `{made.table}` (id, v) VALUES (1,'o'), (2,'o'), (10,'o'), (11,'o')")
+    a = Upserter(url, made.table, new_sink(), lock_timeout_s=20.0)
+    b = Upserter(url, made.table, new_sink(), lock_timeout_s=20.0)
+    sinks += [a.sink, b.sink]
+    parts = {
+        "a": rows_of([2, 10, 1], ["a", "a", "a"], [True, True, False]),
+        "b": rows_of([1, 11, 2], ["b", "b", "b"], [True, True, False]),
+    }
+    results: dict[str, Any] = {}
+
+    def write(name: str, s: Upserter) -> None:
+        try:
+            results[name] = s.write(0, [parts[name]])
+        except Exception as exc:  # the test reads it
+            results[name] = exc
+
+    gate = mariadb_server.connect(root=True, autocommit=False)
+    try:
+        with gate.cursor() as cur:
+            cur.execute(
+                f"SELECT id FROM `{TARGET_DB}`.`{made.table}` WHERE id IN (10, 11) FOR UPDATE"
+            )
+        threads = [threading.Thread(target=write, args=(n, s)) for n, s in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 15
+        waiting = 0
+        while time.monotonic() < deadline:
+            with gate.cursor() as cur:  # root: sees every session
+                cur.execute(  # each stream's DELETE stuck on the gate's key
+                    "SELECT count(*) FROM information_schema.processlist "
+                    "WHERE info LIKE 'DELETE t FROM %%' AND time_ms > 500"
+                )
+                waiting = int(cur.fetchone()[0])
+            if waiting == 2:
+                break
+            time.sleep(0.05)
+        assert waiting == 2, ("both streams should wait on the gate's keys", results)
+    finally:
+        gate.rollback()
+        gate.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    errors = {n: r for n, r in results.items() if isinstance(r, Exception)}
+    assert len(errors) == 1, results
+    ((loser_name, error),) = errors.items()
+    assert isinstance(error, TransientError), repr(error)
+    assert "Deadlock found" in str(error) and "the batch is retried" in str(error), str(error)
+    winner_name = "b" if loser_name == "a" else "a"
+    winner, loser = (a, b) if winner_name == "a" else (b, a)
+    assert prepared_of(url, loser.sink) == []
+    assert prepared_of(url, winner.sink) == [results[winner_name].gid]
+    winner.commit(0, [results[winner_name]])
+    loser.commit(0, [loser.write(0, [parts[loser_name]])])
+    want = [(1, "a")] if loser_name == "a" else [(2, "b")]
+    assert q(url, f"SELECT id, v FROM `{made.table}`") == want
+    assert prepared_of(url, a.sink) == [] and prepared_of(url, b.sink) == []
