@@ -269,6 +269,67 @@ def plan_upsert(
     return UpsertPlan(tuple(keys), delete), tuple(spelled), problems
 
 
+# a privilege the server refuses: for a table, for a column, for a database
+_DENIED = {1142, 1143, 1044}
+
+
+def refuse_missing_privileges(
+    conn: Connection, where: str, database: str, plan: MariaDBPlan, upsert: UpsertPlan
+) -> None:
+    """Refuse at planning, with the GRANT that fixes it, a user that may not do what
+    upsert's branch does: create its temporary staging table, INSERT ... SELECT the
+    written columns (SELECT on the key and updated columns), UPDATE the updated ones,
+    DELETE with deleteColumn. Each is tried on no row (WHERE FALSE, rolled back): the
+    server checks privileges before it looks for rows."""
+    from sqlsink.mariadb.connection import errno, execute, rows
+    from sqlsink.mariadb.upsert import _q
+
+    written = [c for c in plan.columns if c != upsert.delete_column]
+    lower_keys = {k.lower() for k in upsert.keys}
+    updated = [c for c in written if c.lower() not in lower_keys] or [upsert.keys[0]]
+    names = ", ".join(map(_q, written))
+    tries = [
+        ("CREATE TEMPORARY TABLES", upsert.create_stage(where, database, written)),
+        ("INSERT", [f"INSERT INTO {where} ({names}) SELECT {names} FROM {where} WHERE FALSE"]),
+        ("UPDATE", [f"UPDATE {where} SET {', '.join(f'{_q(c)} = {_q(c)}' for c in updated)} "
+                    "WHERE FALSE"]),
+    ]  # fmt: skip
+    if upsert.delete_column:
+        tries.append(("DELETE", [f"DELETE FROM {where} WHERE FALSE"]))
+    missing: list[str] = []
+    said: list[str] = []
+    execute(conn, "BEGIN")
+    try:
+        for privilege, statements in tries:
+            try:
+                for statement in statements:
+                    execute(conn, statement)
+            except Exception as exc:
+                if errno(exc) not in _DENIED:
+                    raise
+                missing.append(privilege)
+                said.append(str(exc.args[1]))
+    finally:
+        execute(conn, "ROLLBACK")
+        execute(conn, f"DROP TEMPORARY TABLE IF EXISTS {upsert.stage(database)}")
+    if not missing:
+        return
+    user = str(rows(conn, "SELECT CURRENT_USER()")[0][0])
+    name, _, host = user.rpartition("@")
+    on_table = [p for p in missing if p != "CREATE TEMPORARY TABLES"]
+    grants = []
+    if on_table:
+        grants.append(f"GRANT SELECT, {', '.join(on_table)} ON {where} TO '{name}'@'{host}'")
+    if "CREATE TEMPORARY TABLES" in missing:
+        grants.append(f"GRANT CREATE TEMPORARY TABLES ON {_q(database)}.* TO '{name}'@'{host}'")
+    raise ConfigError(
+        f"user {user} lacks {', '.join(missing)} for upsert into {where} (its branch creates a "
+        "temporary staging table, inserts ... on duplicate key updates the written columns"
+        + (", and deletes the flagged keys" if upsert.delete_column else "")
+        + f"); server says: {'; '.join(said)}. Nothing was written. Fix: {'; '.join(grants)}"
+    )
+
+
 def match_columns(
     where: str,
     engine: str | None,
@@ -391,11 +452,14 @@ class MariaDBLoading:
                 else {f: f for f in field_names}
             )
             keys_found = unique_keys(conn, database, name)
-        upsert, ordering, more = plan_upsert(options, keys_found, matched, types)
-        if problems or more:
-            said = "; ".join(problems + [f"upsert into {where}: {p}" for p in more])
-            raise ConfigError(said if problems else f"{said}. Nothing was written")
-        return MariaDBPlan(database, name, columns, ordering, upsert)
+            upsert, ordering, more = plan_upsert(options, keys_found, matched, types)
+            if problems or more:
+                said = "; ".join(problems + [f"upsert into {where}: {p}" for p in more])
+                raise ConfigError(said if problems else f"{said}. Nothing was written")
+            assert upsert is not None
+            plan = MariaDBPlan(database, name, columns, ordering, upsert)
+            refuse_missing_privileges(conn, where, database, plan, upsert)
+        return plan
 
     def _create(self, conn: Connection, database: str, name: str, columns: Sequence[Any]) -> None:
         import sqlalchemy as sa
