@@ -529,3 +529,67 @@ def test_a_deadlock_between_two_streams_is_a_transient_error_nothing_left_prepar
     want = [(1, "a")] if loser_name == "a" else [(2, "b")]
     assert q(url, f"SELECT id, v FROM `{made.table}`") == want
     assert prepared_of(url, a.sink) == [] and prepared_of(url, b.sink) == []
+
+
+def test_a_delete_column_named_as_a_table_column_is_the_flag_only(
+    url: str, sinks: list[str]
+) -> None:
+    """deleteColumn ``gone`` while the table has a column ``gone``: the DataFrame's is the
+    flag (not written, as on PostgreSQL); the table's keeps its value."""
+    w = upserter(url, sinks, "id bigint PRIMARY KEY, v varchar(20), gone varchar(5) DEFAULT 'd'")
+    run(url, f"INSERT INTO `{w.table}` VALUES (1, 'old1', 'x1'), (2, 'old2', 'x2')")
+    w.commit(0, [w.write(0, [rows_of([1, 2, 3], ["n1", "n2", "n3"], [False, True, False])])])
+    assert q(url, f"SELECT id, v, gone FROM `{w.table}` ORDER BY id") == [
+        (1, "n1", "x1"), (3, "n3", "d"),
+    ]  # fmt: skip
+    assert prepared_of(url, w.sink) == []
+
+
+def test_a_second_attempt_while_the_first_is_mid_load_one_branch_the_exact_rows(
+    url: str, sinks: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A speculative (or retried) attempt of a partition starts while the first is in its
+    branch, its staged rows half loaded (paused mid-load): the two never leave two
+    branches, and the batch's commit gives the partition's last rows once."""
+    import threading
+
+    w = upserter(url, sinks, lock_timeout_s=5.0)
+    run(url, f"INSERT INTO `{w.table}` VALUES (1,'old1','n1'), (2,'old2','n2'), "
+             "(3,'old3','n3'), (4,'old4','n4')")  # fmt: skip
+    faults = tmp_path / "faults.json"
+    faults.write_text(
+        json.dumps([{"point": "mid_copy", "once": True, "action": "sleep", "seconds": 3}])
+    )
+    monkeypatch.setenv("SQLSINK_FAULTS_FILE", str(faults))
+    results: dict[int, Any] = {}
+
+    def first() -> None:
+        try:
+            results[1] = w.write(0, PARTITION)
+        except Exception as exc:  # the test reads it
+            results[1] = exc
+
+    t = threading.Thread(target=first)
+    t.start()
+    deadline = __import__("time").monotonic() + 10
+    while not (tmp_path / "faults.json.fired").exists():
+        assert __import__("time").monotonic() < deadline, "the first attempt never paused"
+        __import__("time").sleep(0.05)
+    try:
+        results[2] = w.write(0, PARTITION)
+    except Exception as exc:  # the test reads it
+        results[2] = exc
+    t.join(30)
+    assert not t.is_alive()
+    # the second prepared while the first was paused (its rows only in its own staging
+    # table); the first's INSERT then waited on the prepared rows until lockTimeout
+    second, first_error = results[2], results[1]
+    assert not isinstance(second, Exception), repr(second)
+    assert isinstance(first_error, TransientError), repr(first_error)
+    assert "Lock wait timeout exceeded" in str(first_error), str(first_error)
+    gids = {second.gid}
+    done = [second]
+    assert prepared_of(url, w.sink) == sorted(gids)
+    w.commit(0, [done[0]])
+    assert q(url, f"SELECT id, v, note FROM `{w.table}` ORDER BY id") == AFTER
+    assert prepared_of(url, w.sink) == []
