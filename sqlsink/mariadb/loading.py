@@ -274,7 +274,7 @@ _DENIED = {1142, 1143, 1044}
 
 
 def refuse_missing_privileges(
-    conn: Connection, where: str, database: str, plan: MariaDBPlan, upsert: UpsertPlan
+    conn: Connection, database: str, plan: MariaDBPlan, upsert: UpsertPlan
 ) -> None:
     """Refuse at planning, with the GRANT that fixes it, a user that may not do what
     upsert's branch does: create its temporary staging table, INSERT ... SELECT the
@@ -284,6 +284,7 @@ def refuse_missing_privileges(
     from sqlsink.mariadb.connection import errno, execute, rows
     from sqlsink.mariadb.upsert import _q
 
+    where = f"{_q(database)}.{_q(plan.table)}"  # quoted: a name may hold a backtick
     written = [c for c in plan.columns if c != upsert.delete_column]
     lower_keys = {k.lower() for k in upsert.keys}
     updated = [c for c in written if c.lower() not in lower_keys] or [upsert.keys[0]]
@@ -458,7 +459,7 @@ class MariaDBLoading:
                 raise ConfigError(said if problems else f"{said}. Nothing was written")
             assert upsert is not None
             plan = MariaDBPlan(database, name, columns, ordering, upsert)
-            refuse_missing_privileges(conn, where, database, plan, upsert)
+            refuse_missing_privileges(conn, database, plan, upsert)
         return plan
 
     def _create(self, conn: Connection, database: str, name: str, columns: Sequence[Any]) -> None:

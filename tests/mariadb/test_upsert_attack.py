@@ -593,3 +593,25 @@ def test_a_second_attempt_while_the_first_is_mid_load_one_branch_the_exact_rows(
     w.commit(0, [done[0]])
     assert q(url, f"SELECT id, v, note FROM `{w.table}` ORDER BY id") == AFTER
     assert prepared_of(url, w.sink) == []
+
+
+def test_planning_an_upsert_into_a_table_whose_name_holds_a_backtick(
+    url: str, sinks: list[str]
+) -> None:
+    """The planning's privilege tries quote the table's name (a backtick doubled)."""
+    from pyspark.sql import types as T
+
+    from sqlsink.options import SinkOptions
+    from sqlsink.spark.plan import plan_write
+
+    name = f"b`q {uuid.uuid4().hex[:6]}"
+    make_table(url, name.replace("`", "``"), "id bigint PRIMARY KEY, v varchar(20)")
+    try:
+        schema = T.StructType(
+            [T.StructField("id", T.LongType()), T.StructField("v", T.StringType())]
+        )
+        options = {"url": url, "table": name, "mode": "upsert"}
+        plan = plan_write(SinkOptions.parse(options), schema, "t")
+        assert getattr(plan, "upsert") == UpsertPlan(("id",), None)  # noqa: B009
+    finally:
+        run(url, f"DROP TABLE `{name.replace('`', '``')}`")
