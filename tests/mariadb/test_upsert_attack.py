@@ -615,3 +615,66 @@ def test_planning_an_upsert_into_a_table_whose_name_holds_a_backtick(
         assert getattr(plan, "upsert") == UpsertPlan(("id",), None)  # noqa: B009
     finally:
         run(url, f"DROP TABLE `{name.replace('`', '``')}`")
+
+
+@pytest.mark.parametrize("how", ["session", "server"])
+def test_the_branch_cut_after_the_load_before_prepare_leaves_nothing(
+    mariadb_server: MariaServer, url: str, sinks: list[str], how: str
+) -> None:
+    """The partition's rows staged, its INSERT ... ON DUPLICATE KEY UPDATE waiting on a
+    row a root session holds: its session is KILLed, or mariadbd SIGKILLed and restarted.
+    A TransientError (the connection lost), nothing of the sink in XA RECOVER, the table
+    as before; the retry writes the partition's last rows."""
+    import threading
+    import time
+
+    if how == "server" and mariadb_server.process is None:
+        pytest.skip("only a server this run started can be crashed")
+    w = upserter(url, sinks, lock_timeout_s=30.0)
+    run(url, f"INSERT INTO `{w.table}` VALUES (1,'old1','n1'), (2,'old2','n2'), "
+             "(3,'old3','n3'), (4,'old4','n4')")  # fmt: skip
+    results: list[Any] = []
+
+    def write() -> None:
+        try:
+            results.append(w.write(0, PARTITION))
+        except Exception as exc:  # the test reads it
+            results.append(exc)
+
+    gate = mariadb_server.connect(root=True, autocommit=False)
+    thread = threading.Thread(target=write)
+    try:
+        with gate.cursor() as cur:
+            cur.execute(f"SELECT id FROM `{TARGET_DB}`.`{w.table}` WHERE id = 2 FOR UPDATE")
+        thread.start()
+        deadline, found = time.monotonic() + 15, []
+        while time.monotonic() < deadline and not found:
+            with gate.cursor() as cur:
+                cur.execute(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE info LIKE 'INSERT INTO %%ON DUPLICATE KEY UPDATE%%' AND time_ms > 300"
+                )
+                found = [r[0] for r in cur.fetchall()]
+            time.sleep(0.05)
+        assert found, "the upsert's INSERT should wait on the held row"
+        if how == "session":
+            with gate.cursor() as cur:
+                cur.execute(f"KILL CONNECTION {int(found[0])}")
+    finally:
+        if how == "server":
+            mariadb_server.kill_and_restart()
+        else:
+            gate.rollback()
+        gate.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    (error,) = results
+    assert isinstance(error, TransientError), repr(error)
+    assert "Nothing of batch 0 is visible" in str(error) and "the batch is retried" in str(error), (
+        str(error)
+    )
+    assert prepared_of(url, w.sink) == []
+    assert q(url, f"SELECT id, v, note FROM `{w.table}` ORDER BY id") == BEFORE
+    w.commit(0, [w.write(0, PARTITION)])
+    assert q(url, f"SELECT id, v, note FROM `{w.table}` ORDER BY id") == AFTER
+    assert prepared_of(url, w.sink) == []
