@@ -189,19 +189,28 @@ def _columns(conn: Connection, database: str, table: str) -> list[tuple[Any, ...
 
 
 def unique_keys(conn: Connection, database: str, table: str) -> list[tuple[bool, tuple[str, ...]]]:
-    """(is it the primary key, its columns) of each unique index of the table."""
+    """(is it the primary key, its columns) of each unique index of the table on whole
+    columns: an index on a column's prefix (``UNIQUE KEY (k(3))``) is not unique on the
+    column's values, so upsert's staging table (unique on the whole column) would send two
+    keys sharing the prefix to ON DUPLICATE KEY UPDATE, the second overwriting the first's
+    row."""
     from sqlsink.mariadb.connection import rows
 
     found: dict[str, list[str]] = {}
-    for index, column in rows(
+    prefixed: set[str] = set()
+    for index, column, sub_part in rows(
         conn,
-        "SELECT index_name, column_name FROM information_schema.statistics "
+        "SELECT index_name, column_name, sub_part FROM information_schema.statistics "
         "WHERE table_schema = %s AND table_name = %s AND non_unique = 0 "
         "ORDER BY index_name, seq_in_index",
         (database, table),
     ):
         found.setdefault(str(index), []).append(str(column))
-    return [(index == "PRIMARY", tuple(cols)) for index, cols in found.items()]
+        if sub_part is not None:
+            prefixed.add(str(index))
+    return [
+        (index == "PRIMARY", tuple(cols)) for index, cols in found.items() if index not in prefixed
+    ]
 
 
 def plan_upsert(
@@ -231,8 +240,8 @@ def plan_upsert(
         primary = [cols for is_primary, cols in keys_found if is_primary]
         if not primary:
             problems.append(
-                "mode=upsert needs a key: the table has no primary key; set the option "
-                "keyColumns (with a unique index on those columns)"
+                "mode=upsert needs a key: the table has no primary key on whole columns; "
+                "set the option keyColumns (with a unique index on those columns)"
             )
             return None, (), problems
         given = primary[0]
@@ -251,11 +260,75 @@ def plan_upsert(
         names = ", ".join(f"`{k}`" for k in given)
         problems.append(
             f"no unique index of the table is on exactly ({names}), which upsert's ON "
-            f"DUPLICATE KEY UPDATE needs: ALTER TABLE ... ADD UNIQUE KEY ({names})"
+            f"DUPLICATE KEY UPDATE needs: ALTER TABLE ... ADD UNIQUE KEY ({names}) (an "
+            "index on a prefix of a column, as k(3), does not count: two keys sharing the "
+            "prefix would overwrite each other's row)"
         )
     if problems:
         return None, (), problems
     return UpsertPlan(tuple(keys), delete), tuple(spelled), problems
+
+
+# a privilege the server refuses: for a table, for a column, for a database
+_DENIED = {1142, 1143, 1044}
+
+
+def refuse_missing_privileges(
+    conn: Connection, database: str, plan: MariaDBPlan, upsert: UpsertPlan
+) -> None:
+    """Refuse at planning, with the GRANT that fixes it, a user that may not do what
+    upsert's branch does: create its temporary staging table, INSERT ... SELECT the
+    written columns (SELECT on the key and updated columns), UPDATE the updated ones,
+    DELETE with deleteColumn. Each is tried on no row (WHERE FALSE, rolled back): the
+    server checks privileges before it looks for rows."""
+    from sqlsink.mariadb.connection import errno, execute, rows
+    from sqlsink.mariadb.upsert import _q
+
+    where = f"{_q(database)}.{_q(plan.table)}"  # quoted: a name may hold a backtick
+    written = [c for c in plan.columns if c != upsert.delete_column]
+    lower_keys = {k.lower() for k in upsert.keys}
+    updated = [c for c in written if c.lower() not in lower_keys] or [upsert.keys[0]]
+    names = ", ".join(map(_q, written))
+    tries = [
+        ("CREATE TEMPORARY TABLES", upsert.create_stage(where, database, written)),
+        ("INSERT", [f"INSERT INTO {where} ({names}) SELECT {names} FROM {where} WHERE FALSE"]),
+        ("UPDATE", [f"UPDATE {where} SET {', '.join(f'{_q(c)} = {_q(c)}' for c in updated)} "
+                    "WHERE FALSE"]),
+    ]  # fmt: skip
+    if upsert.delete_column:
+        tries.append(("DELETE", [f"DELETE FROM {where} WHERE FALSE"]))
+    missing: list[str] = []
+    said: list[str] = []
+    execute(conn, "BEGIN")
+    try:
+        for privilege, statements in tries:
+            try:
+                for statement in statements:
+                    execute(conn, statement)
+            except Exception as exc:
+                if errno(exc) not in _DENIED:
+                    raise
+                missing.append(privilege)
+                said.append(str(exc.args[1]))
+    finally:
+        execute(conn, "ROLLBACK")
+        execute(conn, f"DROP TEMPORARY TABLE IF EXISTS {upsert.stage(database)}")
+    if not missing:
+        return
+    user = str(rows(conn, "SELECT CURRENT_USER()")[0][0])
+    name, _, host = user.rpartition("@")
+    on_table = [p for p in missing if p != "CREATE TEMPORARY TABLES"]
+    grants = []
+    if on_table:
+        grants.append(f"GRANT SELECT, {', '.join(on_table)} ON {where} TO '{name}'@'{host}'")
+    if "CREATE TEMPORARY TABLES" in missing:
+        grants.append(f"GRANT CREATE TEMPORARY TABLES ON {_q(database)}.* TO '{name}'@'{host}'")
+    raise ConfigError(
+        f"user {user} lacks {', '.join(missing)} for upsert into {where} (its branch creates a "
+        "temporary staging table, inserts ... on duplicate key updates the written columns"
+        + (", and deletes the flagged keys" if upsert.delete_column else "")
+        + f"); server says: {'; '.join(said)}. Nothing was written. Fix: {'; '.join(grants)}"
+    )
 
 
 def match_columns(
@@ -380,11 +453,14 @@ class MariaDBLoading:
                 else {f: f for f in field_names}
             )
             keys_found = unique_keys(conn, database, name)
-        upsert, ordering, more = plan_upsert(options, keys_found, matched, types)
-        if problems or more:
-            said = "; ".join(problems + [f"upsert into {where}: {p}" for p in more])
-            raise ConfigError(said if problems else f"{said}. Nothing was written")
-        return MariaDBPlan(database, name, columns, ordering, upsert)
+            upsert, ordering, more = plan_upsert(options, keys_found, matched, types)
+            if problems or more:
+                said = "; ".join(problems + [f"upsert into {where}: {p}" for p in more])
+                raise ConfigError(said if problems else f"{said}. Nothing was written")
+            assert upsert is not None
+            plan = MariaDBPlan(database, name, columns, ordering, upsert)
+            refuse_missing_privileges(conn, database, plan, upsert)
+        return plan
 
     def _create(self, conn: Connection, database: str, name: str, columns: Sequence[Any]) -> None:
         import sqlalchemy as sa

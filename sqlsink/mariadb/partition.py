@@ -53,9 +53,13 @@ FEED_END_S = 10.0  # how long the FIFO's feeder may take to end once the load is
 # errors a retry may not meet again: lost connection, lock wait timeout, deadlock, and
 # the branch rolled back by the server for one of those
 _TRANSIENT = {1205, 1213, 1614, 1402, 2006, 2013}
-# the load session's: strict (a bad value is an error, not a changed value), and none of
-# the modes that change how its statements read (ANSI_QUOTES, NO_BACKSLASH_ESCAPES)
-SQL_MODE = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
+# the load session's: strict (a bad value is an error, not a changed value), a 0 written
+# to an AUTO_INCREMENT column is 0 (not the next id: upsert's key 0 would insert a new
+# row each batch), and none of the modes that change how its statements read
+# (ANSI_QUOTES, NO_BACKSLASH_ESCAPES)
+SQL_MODE = (
+    "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
+)
 # LOAD DATA LOCAL refused: local_infile off on the server (MariaDB's 4166, MySQL's 1148)
 _NO_LOCAL_INFILE = {1148, 3948, 4166}
 # a value the column refuses (NULL into NOT NULL, out of range, too long, not a value of
