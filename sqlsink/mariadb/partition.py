@@ -47,7 +47,7 @@ from sqlsink.errors import SqlsinkError, TransientError, WriteError
 from sqlsink.mariadb import commit_log, encoding, xid
 from sqlsink.mariadb.backend import MariaDBBackend, enter_task_session
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute, rows
-from sqlsink.mariadb.upsert import UpsertPlan
+from sqlsink.mariadb.upsert import COLLISION, UpsertPlan, collision_message
 
 FEED_END_S = 10.0  # how long the FIFO's feeder may take to end once the load is over
 # errors a retry may not meet again: lost connection, lock wait timeout, deadlock, and
@@ -160,7 +160,16 @@ def _branch(
             stage = upsert.stage(database)
             count = _load(conn, target, task, _chain(first, batches), stage, replace=True)
             for statement in upsert.apply(target.quoted(), database, columns):
-                execute(conn, statement)
+                try:
+                    execute(conn, statement)
+                except Exception as exc:
+                    if errno(exc) != COLLISION:
+                        raise
+                    raise WriteError(
+                        f"{task.where()}: {collision_message(target.table, upsert.keys)}",
+                        batch=task.batch_id,
+                        partition=task.partition_id,
+                    ) from exc
         commit_log.insert_marker(
             conn, target.log_database, str(gid), task.sink_id, task.batch_id,
             task.partition_id, count,

@@ -27,9 +27,14 @@ shared staging table would have to exist beforehand and hold every attempt's row
 apart. Measured against multi-row INSERT ... ON DUPLICATE KEY UPDATE by
 benchmarks/mariadb_upsert_paths.py (benchmarks/results/mariadb_upsert_paths.md).
 
-What differs from PostgreSQL's ON CONFLICT (key): MariaDB's ON DUPLICATE KEY UPDATE
-fires on a conflict with any unique index of the table, not only the key's; a table
-whose rows are also unique on other columns updates the row that conflicts first.
+MariaDB's ON DUPLICATE KEY UPDATE fires on a conflict with any unique index of the
+table, not only the key's (PostgreSQL's ON CONFLICT (key) raises a unique violation for
+another index): a staged row whose key is new but whose other unique columns are
+another row's would update that other key's row, and its own key would never be stored.
+So the update's first assignment is a guard: it keeps the key when the conflicting row
+has the staged row's key, and otherwise evaluates a subquery of two rows, which fails
+the statement (error 1242, ``COLLISION``; IF evaluates only the branch it takes):
+nothing of the partition is written, and the error names the collision.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 STAGE = "sqlsink_upsert_stage"  # a temporary table: the session's own
+COLLISION = 1242  # "Subquery returns more than 1 row": the guard's failure
+_FAIL = "(SELECT 1 UNION ALL SELECT 2)"
 
 
 def _q(name: str) -> str:
@@ -83,8 +90,11 @@ class UpsertPlan:
             )
             keep = f" WHERE s.{flag} IS NOT TRUE"
         lower_keys = {k.lower() for k in self.keys}
-        updates = [c for c in written if c.lower() not in lower_keys] or [self.keys[0]]
-        sets = ", ".join(f"{_q(c)} = VALUES({_q(c)})" for c in updates)
+        updates = [c for c in written if c.lower() not in lower_keys]
+        same = " AND ".join(f"{target}.{_q(k)} <=> VALUES({_q(k)})" for k in self.keys)
+        first = _q(self.keys[0])
+        guard = f"{first} = IF({same}, {target}.{first}, {_FAIL})"
+        sets = ", ".join([guard] + [f"{_q(c)} = VALUES({_q(c)})" for c in updates])
         names = ", ".join(map(_q, written))
         s_names = ", ".join(f"s.{_q(c)}" for c in written)
         statements.append(
@@ -92,3 +102,17 @@ class UpsertPlan:
             f"ON DUPLICATE KEY UPDATE {sets}"
         )
         return statements
+
+
+def collision_message(table: str, keys: Sequence[str]) -> str:
+    """The guard's failure in the sink's words (the caller says where)."""
+    names = ", ".join(keys)
+    return (
+        f"a row of the batch has a new key ({names}) but the values of another unique index "
+        f"of table {table} that a different row already has (in the table, or earlier in "
+        "this partition): MariaDB's ON DUPLICATE KEY UPDATE would have updated that other "
+        "row and lost this key, so the sink refused the partition (PostgreSQL refuses it as "
+        "a unique violation); nothing of it is written. Fix: make the other unique "
+        "columns agree with the key in the source, or drop that unique index, or write "
+        "with mode=append"
+    )

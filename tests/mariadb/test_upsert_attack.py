@@ -243,18 +243,35 @@ def test_a_null_delete_flag_upserts_the_row_as_on_postgres(url: str, sinks: list
     assert prepared_of(url, w.sink) == []
 
 
-def test_a_second_unique_index_updates_the_row_it_collides_with_as_documented(
+def test_a_second_unique_index_never_overwrites_another_keys_row(
     url: str, sinks: list[str]
 ) -> None:
-    """The documented difference from PostgreSQL (which raises a unique violation): the
-    row of key 2 whose email collides with key 1's row overwrites key 1's row; key 2 is
-    never inserted. Asserted so that a change of it is seen."""
+    """ON DUPLICATE KEY UPDATE fires on any unique index: key 2's row whose email is key
+    1's would have overwritten key 1's row and key 2 would never be stored (a row lost
+    silently; PostgreSQL raises a unique violation). The partition is refused naming the
+    collision, nothing of it written, nothing prepared; rows whose other unique columns
+    agree with their key are updated as before; two new keys of one partition sharing
+    an email are refused too."""
     w = upserter(url, sinks, "id bigint PRIMARY KEY, email varchar(20) UNIQUE, v varchar(20)")
-    run(url, f"INSERT INTO `{w.table}` VALUES (1, 'a@x', 'one')")
-    part = batch({"id": [2], "email": ["a@x"], "v": ["two"]}, {"id": pa.int64()})
     w.delete_column = None
-    w.commit(0, [w.write(0, [part])])
-    assert q(url, f"SELECT id, email, v FROM `{w.table}`") == [(1, "a@x", "two")]
+    run(url, f"INSERT INTO `{w.table}` VALUES (1, 'a@x', 'one'), (3, 'c@x', 'three')")
+    part = batch({"id": [3, 2], "email": ["c@x", "a@x"], "v": ["THREE", "two"]}, {"id": pa.int64()})
+    with pytest.raises(WriteError) as refused:
+        w.write(0, [part])
+    assert "another unique index" in str(refused.value)
+    assert "nothing of it is written" in str(refused.value)
+    assert q(url, f"SELECT id, email, v FROM `{w.table}` ORDER BY id") == [
+        (1, "a@x", "one"), (3, "c@x", "three"),
+    ]  # fmt: skip
+    assert prepared_of(url, w.sink) == []
+    twins = batch({"id": [5, 6], "email": ["e@x", "e@x"], "v": ["five", "six"]}, {"id": pa.int64()})
+    with pytest.raises(WriteError, match="another unique index"):
+        w.write(0, [twins])
+    agree = batch({"id": [1, 4], "email": ["a@x", "d@x"], "v": ["ONE", "four"]}, {"id": pa.int64()})
+    w.commit(0, [w.write(0, [agree])])
+    assert q(url, f"SELECT id, email, v FROM `{w.table}` ORDER BY id") == [
+        (1, "a@x", "ONE"), (3, "c@x", "three"), (4, "d@x", "four"),
+    ]  # fmt: skip
     assert prepared_of(url, w.sink) == []
 
 
