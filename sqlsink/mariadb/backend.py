@@ -302,14 +302,43 @@ class MariaDBBackend:
         retention.record_check(self.conn, self.db, sink_id, run_id, batch_id, location, verdict)
 
 
+def statement_logging(value: str) -> str:
+    """Why binlog_format = ``value`` (STATEMENT) refuses the sink, and the fix: the
+    planner's refusal and the partition's error alike."""
+    return (
+        f"the server's binary log is on with binlog_format = {value}: the sink's sessions "
+        "run at READ COMMITTED, whose InnoDB writes can be logged by rows only (ROW or "
+        "MIXED binary logging), so the server refuses every write of the sink (error "
+        "1665), its loads and its commit log's. Fix: SET GLOBAL binlog_format = 'ROW' "
+        "(MIXED serves too), and binlog_format=ROW under [mariadbd] in the server's "
+        "configuration; sqlsink check shows the setting"
+    )
+
+
 def enter_task_session(
     conn: Connection, sink_id: str, batch_id: int, partition_id: int, db: str = LOG_DATABASE
 ) -> None:
     """A partition task's session says whose it is (``await_batch_tasks`` finds it while
-    it is connected): MariaDB has no application name to carry it."""
-    execute(
-        conn,
-        f"REPLACE INTO `{db}`.task_sessions (conn_id, sink_id, batch_id, partition_id) "
-        "VALUES (CONNECTION_ID(), %s, %s, %s)",
-        (sink_id, batch_id, partition_id),
-    )
+    it is connected): MariaDB has no application name to carry it. The task's first
+    write: binlog_format = STATEMENT set after planning is refused here (1665), in the
+    sink's words."""
+    try:
+        execute(
+            conn,
+            f"REPLACE INTO `{db}`.task_sessions (conn_id, sink_id, batch_id, partition_id) "
+            "VALUES (CONNECTION_ID(), %s, %s, %s)",
+            (sink_id, batch_id, partition_id),
+        )
+    except Exception as exc:
+        if errno(exc) != 1665:
+            raise
+        from sqlsink.errors import WriteError
+
+        value = str(rows(conn, "SELECT @@SESSION.binlog_format")[0][0])
+        raise WriteError(
+            f"sink {sink_id!r}, batch {batch_id}, partition {partition_id}: "
+            f"{statement_logging(value)}. Nothing of batch {batch_id} was written, nothing "
+            "is left prepared; restart the query once the setting is fixed",
+            batch=batch_id,
+            partition=partition_id,
+        ) from None

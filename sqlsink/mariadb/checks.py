@@ -84,8 +84,6 @@ from sqlsink.mariadb.connection import LOG_DATABASE, Connection, errno, rows
 
 ERROR, WARNING, OK, INFO = "error", "warning", "ok", "info"
 
-TESTED_MARIADB = (10, 11)
-MARIADB_DETACHES_XA = (10, 5)  # MDEV-742: a prepared branch survives its session's end
 FLOOR_S = 600.0  # a statement's required time when the trigger interval is unknown
 SINK_LOCK_TIMEOUT_S = 60.0  # option lockTimeout's default (sqlsink.options)
 LOCK_WAIT_FLOOR_S = 10.0
@@ -278,40 +276,19 @@ def _round_up(seconds: float) -> int:
 
 
 def check_version(server: Server, ctx: CheckContext) -> list[Finding]:
-    from sqlsink.mariadb.loading import server_verdict
+    from sqlsink.mariadb.loading import server_verdict  # the planner's verdict, one rule
 
     name, v, where = "server version", server.version, "server"
-    if not server.mariadb:
-        refusal, warning = server_verdict(server.version)
-        if refusal is not None:
-            return [Finding(ERROR, name, v, where, refusal, "upgrade to MySQL 8.0.30 or later")]
-        return [Finding(WARNING, name, v, where, str(warning))]
-    if server.numbers[:2] == TESTED_MARIADB:
-        return [Finding(OK, name, v, where, "MariaDB 10.11: the version sqlsink's tests run on")]
-    if server.numbers[:2] < MARIADB_DETACHES_XA:
-        return [
-            Finding(
-                ERROR,
-                name,
-                v,
-                where,
-                f"MariaDB {v} is older than 10.5: it rolls a prepared XA branch back when "
-                "the session that prepared it ends (MDEV-742), and each partition of the "
-                "sink disconnects after XA PREPARE, so every batch would lose its branches "
-                "(the sink reports that as data loss)",
-                "upgrade to MariaDB 10.11",
-            )
-        ]
-    return [
-        Finding(
-            WARNING,
-            name,
-            v,
-            where,
-            f"untested: sqlsink's XA backend is tested on MariaDB 10.11 only; MariaDB {v} "
-            "runs the same statements",
+    refusal, warning = server_verdict(server.version)
+    if refusal is not None:
+        advice = (
+            "upgrade to MariaDB 10.11" if server.mariadb else "upgrade to MySQL 8.0.30 or later"
         )
-    ]
+        said = refusal.split(". Nothing was written")[0]
+        return [Finding(ERROR, name, v, where, said, advice)]
+    if warning is not None:
+        return [Finding(WARNING, name, v, where, warning)]
+    return [Finding(OK, name, v, where, "MariaDB 10.11: the version sqlsink's tests run on")]
 
 
 def check_local_infile(server: Server, ctx: CheckContext) -> list[Finding]:

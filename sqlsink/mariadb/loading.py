@@ -14,7 +14,7 @@ What is PostgreSQL's only, and how each method here answers it:
   of partitions is bounded only by ``max_connections`` during the load, which the
   server refuses in its own words (``sqlsink check`` on MariaDB is not built).
 - ``recheck_after_commit``: no-op (the server checks are not built on MariaDB).
-- ``check_writer_start``: the server's version and the commit log (XA needs no setting).
+- ``check_writer_start``: the server's version, binlog_format and the commit log.
 Upsert (``upsert.py``): the key is keyColumns or the primary key, and a unique index
 on exactly those columns must exist; deleteColumn is a boolean DataFrame column, not
 the table's. Refused at planning with the reason: replace, schemaEvolution,
@@ -53,15 +53,42 @@ log = logging.getLogger("sqlsink")
 
 # MySQL's XA is crash-safe with the binary log from 8.0.30 (issue 31); older is refused
 MYSQL_XA_SAFE = (8, 0, 30)
+# MariaDB keeps a prepared XA branch when its session ends from 10.5 (MDEV-742); before,
+# the server rolls it back, and each partition disconnects after XA PREPARE
+MARIADB_DETACHES_XA = (10, 5)
+TESTED_MARIADB = (10, 11)
 _warned: set[str] = set()
 
 
+def version_numbers(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of ``VERSION()``; MariaDB's replication prefix ``5.5.5-``
+    (as some proxies and old clients show it) is skipped."""
+    text = version[len("5.5.5-") :] if version.startswith("5.5.5-") else version
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("-")[0])[:3])
+
+
 def server_verdict(version: str) -> tuple[str | None, str | None]:
-    """(refusal, warning) for a server's ``VERSION()``: MariaDB passes; MySQL older than
-    8.0.30 is refused, newer is served but untested (no MySQL server in the tests)."""
+    """(refusal, warning) for a server's ``VERSION()``, the planner's and ``sqlsink
+    check``'s alike: MariaDB before 10.5 is refused (MDEV-742), 10.11 passes, other
+    MariaDB is served but untested; MySQL older than 8.0.30 is refused, newer is served
+    but untested (no MySQL server in the tests)."""
+    numbers = version_numbers(version)
     if "mariadb" in version.lower():
-        return None, None
-    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+        if numbers[:2] < MARIADB_DETACHES_XA:
+            return (
+                f"the server is MariaDB {version}, older than 10.5: it rolls a prepared XA "
+                "branch back when the session that prepared it ends (MDEV-742), and each "
+                "partition of the sink disconnects after XA PREPARE, so every batch would "
+                "lose its branches (the sink reports that as data loss). Nothing was "
+                "written. Fix: upgrade to MariaDB 10.11",
+                None,
+            )
+        if numbers[:2] == TESTED_MARIADB:
+            return None, None
+        return None, (
+            f"untested: sqlsink's XA backend is tested on MariaDB 10.11 only; MariaDB "
+            f"{version} runs the same statements"
+        )
     if numbers < MYSQL_XA_SAFE:
         return (
             f"the server is MySQL {version}: sqlsink refuses MySQL older than 8.0.30, whose "
@@ -77,10 +104,17 @@ def server_verdict(version: str) -> tuple[str | None, str | None]:
 
 
 def check_server(conn: Connection) -> None:
-    """Refuse a MySQL older than 8.0.30; warn (once per process) that MySQL is untested."""
+    """Refuse a MariaDB older than 10.5, a MySQL older than 8.0.30 and statement binary
+    logging; warn (once per process) of a version that is untested."""
+    from sqlsink.mariadb.backend import statement_logging
     from sqlsink.mariadb.connection import rows
 
-    judge_version(str(rows(conn, "SELECT VERSION()")[0][0]))
+    version, log_bin, binlog_format = rows(
+        conn, "SELECT VERSION(), @@log_bin, @@SESSION.binlog_format"
+    )[0]
+    judge_version(str(version))
+    if log_bin and str(binlog_format).upper() == "STATEMENT":
+        raise ConfigError(f"{statement_logging(str(binlog_format))}. Nothing was written")
 
 
 def judge_version(version: str) -> None:
@@ -552,7 +586,7 @@ class MariaDBLoading:
         from sqlsink.mariadb.schema import ensure_schema
 
         assert isinstance(backend, MariaDBBackend), type(backend)
-        check_server(backend.conn)  # XA needs no server setting: the version only
+        check_server(backend.conn)  # the version and the binary log's format
         ensure_schema(backend.conn)
 
     def slots_refusal(self, options: SinkOptions, partitions: int) -> ConfigError | None:

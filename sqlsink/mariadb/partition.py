@@ -104,6 +104,7 @@ def write_partition(
     conn = connect(target.url, local_infile=True)
     try:
         execute(conn, f"SET SESSION sql_mode = '{SQL_MODE}'")
+        _refuse_statement_logging(conn, target, task)
         backend = MariaDBBackend(conn, target.lock_timeout_s, target.log_database)
         participant = Participant(backend, task, target.timeouts, target.run_timeout_s)
         start = participant.before_write()
@@ -185,7 +186,7 @@ def _branch(
     except Exception as exc:
         if not prepared:
             _rollback_quietly(conn, branch)
-        raise _write_error(exc, target, task) from None
+        raise _write_error(exc, target, task, lost=not conn.open) from None
 
 
 def _load(
@@ -361,10 +362,14 @@ def _warning_error(
     )
 
 
-def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> Exception:
-    """A server's error, said where, transient or not; any other error as it is."""
+def _write_error(
+    exc: Exception, target: LoadTarget, task: TaskIdentity, *, lost: bool = False
+) -> Exception:
+    """A server's error, said where, transient or not; the connection ``lost`` under
+    another error (PyMySQL's own, of its closed socket: the server ended the session in
+    the load, as net_read_timeout does) a TransientError; any other error as it is."""
     if not type(exc).__module__.startswith("pymysql"):
-        return exc
+        return _lost_error(exc, target, task) if lost else exc
     code = errno(exc)
     message = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
     named = _COLUMN.search(message)
@@ -406,6 +411,46 @@ def _write_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> Exce
         batch=task.batch_id,
         partition=task.partition_id,
         column=column,
+    )
+
+
+def _refuse_statement_logging(conn: Connection, target: LoadTarget, task: TaskIdentity) -> None:
+    """binlog_format = STATEMENT set since planning: the session's first write (the run's
+    registration) would get 1665; refused before, in the sink's words."""
+    log_bin, value = rows(conn, "SELECT @@log_bin, @@SESSION.binlog_format")[0]
+    if log_bin and str(value).upper() == "STATEMENT":
+        from sqlsink.mariadb.backend import statement_logging
+
+        raise WriteError(
+            f"{task.where()}: writing to table {target.table} refused: "
+            f"{statement_logging(str(value))}. Nothing of batch {task.batch_id} was written, "
+            "nothing is left prepared; restart the query once the setting is fixed",
+            batch=task.batch_id,
+            partition=task.partition_id,
+        )
+
+
+def _lost_error(exc: Exception, target: LoadTarget, task: TaskIdentity) -> TransientError:
+    """The server ended the load's session: most often net_read_timeout, the longest it
+    waits for the next piece of LOAD DATA LOCAL while Spark's iterator pauses."""
+    try:
+        conn = connect(target.url)
+        try:
+            value = f"{rows(conn, 'SELECT @@GLOBAL.net_read_timeout')[0][0]} s"
+        finally:
+            conn.close()
+    except Exception:  # the server is gone: the value is unknown
+        value = "unknown"
+    return TransientError(
+        f"{task.where()}: writing to table {target.table} failed: the server ended the "
+        f"connection during the load ({type(exc).__name__}: {exc}). Most likely Spark's "
+        "iterator paused between two batches of rows longer than the server's "
+        f"net_read_timeout = {value}, the longest it waits for the next piece of LOAD DATA "
+        f"LOCAL. Nothing of batch {task.batch_id} is visible; the batch is retried. Fix, if "
+        "it recurs: raise it, SET GLOBAL net_read_timeout = 600 (and net_read_timeout=600 "
+        "under [mariadbd] in the server's configuration); sqlsink check judges the setting",
+        batch=task.batch_id,
+        partition=task.partition_id,
     )
 
 

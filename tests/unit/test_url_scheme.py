@@ -197,7 +197,8 @@ def test_the_cli_opens_a_mariadb_url_and_tells_its_drivers_errors() -> None:
     ("version", "refused", "warned"),
     [
         ("10.11.6-MariaDB-0+deb12u1-log", False, False),
-        ("11.4.2-MariaDB", False, False),
+        ("11.4.2-MariaDB", False, True),  # untested
+        ("10.4.32-MariaDB", True, False),  # MDEV-742
         ("8.0.29", True, False),
         ("5.7.44-log", True, False),
         ("8.0.30", False, True),
@@ -210,7 +211,9 @@ def test_the_servers_version_mysql_before_8030_refused_newer_untested(
     refusal, warning = maria_loading.server_verdict(version)
     assert (refusal is not None, warning is not None) == (refused, warned)
     if refusal is not None:
-        assert "older than 8.0.30" in refusal and "binary log" in refusal
+        assert ("older than 8.0.30" in refusal and "binary log" in refusal) or (
+            "older than 10.5" in refusal and "MDEV-742" in refusal
+        )
     if warning is not None:
         assert "untested" in warning
 
