@@ -316,19 +316,19 @@ def refuse_missing_privileges(
     DELETE with deleteColumn. Each is tried on no row (WHERE FALSE, rolled back): the
     server checks privileges before it looks for rows."""
     from sqlsink.mariadb.connection import errno, execute, rows
-    from sqlsink.mariadb.upsert import _q
+    from sqlsink.mariadb.upsert import quote_name
 
-    where = f"{_q(database)}.{_q(plan.table)}"  # quoted: a name may hold a backtick
+    where = f"{quote_name(database)}.{quote_name(plan.table)}"  # quoted: a name may hold a backtick
     written = [c for c in plan.columns if c != upsert.delete_column]
     lower_keys = {k.lower() for k in upsert.keys}
     updated = [c for c in written if c.lower() not in lower_keys] or [upsert.keys[0]]
-    names = ", ".join(map(_q, written))
+    names = ", ".join(map(quote_name, written))
+    sets = ", ".join(f"{quote_name(c)} = {quote_name(c)}" for c in updated)
     tries = [
         ("CREATE TEMPORARY TABLES", upsert.create_stage(where, database, written)),
         ("INSERT", [f"INSERT INTO {where} ({names}) SELECT {names} FROM {where} WHERE FALSE"]),
-        ("UPDATE", [f"UPDATE {where} SET {', '.join(f'{_q(c)} = {_q(c)}' for c in updated)} "
-                    "WHERE FALSE"]),
-    ]  # fmt: skip
+        ("UPDATE", [f"UPDATE {where} SET {sets} WHERE FALSE"]),
+    ]
     if upsert.delete_column:
         tries.append(("DELETE", [f"DELETE FROM {where} WHERE FALSE"]))
     missing: list[str] = []
@@ -356,7 +356,9 @@ def refuse_missing_privileges(
     if on_table:
         grants.append(f"GRANT SELECT, {', '.join(on_table)} ON {where} TO '{name}'@'{host}'")
     if "CREATE TEMPORARY TABLES" in missing:
-        grants.append(f"GRANT CREATE TEMPORARY TABLES ON {_q(database)}.* TO '{name}'@'{host}'")
+        grants.append(
+            f"GRANT CREATE TEMPORARY TABLES ON {quote_name(database)}.* TO '{name}'@'{host}'"
+        )
     raise ConfigError(
         f"user {user} lacks {', '.join(missing)} for upsert into {where} (its branch creates a "
         "temporary staging table, inserts ... on duplicate key updates the written columns"

@@ -47,7 +47,7 @@ COLLISION = 1242  # "Subquery returns more than 1 row": the guard's failure
 _FAIL = "(SELECT 1 UNION ALL SELECT 2)"
 
 
-def _q(name: str) -> str:
+def quote_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -59,15 +59,15 @@ class UpsertPlan:
     delete_column: str | None = None
 
     def stage(self, database: str) -> str:
-        return f"{_q(database)}.{_q(STAGE)}"
+        return f"{quote_name(database)}.{quote_name(STAGE)}"
 
     def create_stage(self, target: str, database: str, columns: Sequence[str]) -> list[str]:
         """The statements that make the session's staging table (before XA START):
         the written columns as the target has them, the flag, unique on the key."""
         written = [c for c in columns if c != self.delete_column]
-        flag = f"{_q(self.delete_column)} BOOLEAN NULL, " if self.delete_column else ""
-        keys = ", ".join(map(_q, self.keys))
-        select = ", ".join(map(_q, written))
+        flag = f"{quote_name(self.delete_column)} BOOLEAN NULL, " if self.delete_column else ""
+        keys = ", ".join(map(quote_name, self.keys))
+        select = ", ".join(map(quote_name, written))
         return [
             f"DROP TEMPORARY TABLE IF EXISTS {self.stage(database)}",
             f"CREATE TEMPORARY TABLE {self.stage(database)} ({flag}UNIQUE KEY ({keys})) "
@@ -81,8 +81,8 @@ class UpsertPlan:
         statements = []
         keep = ""
         if self.delete_column:
-            flag = _q(self.delete_column)
-            match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.keys)
+            flag = quote_name(self.delete_column)
+            match = " AND ".join(f"t.{quote_name(k)} = s.{quote_name(k)}" for k in self.keys)
             # the staged rows first, each looking up its key: a scan of the target would
             # lock (and wait on) rows another partition's prepared branch holds
             statements.append(
@@ -91,12 +91,14 @@ class UpsertPlan:
             keep = f" WHERE s.{flag} IS NOT TRUE"
         lower_keys = {k.lower() for k in self.keys}
         updates = [c for c in written if c.lower() not in lower_keys]
-        same = " AND ".join(f"{target}.{_q(k)} <=> VALUES({_q(k)})" for k in self.keys)
-        first = _q(self.keys[0])
+        same = " AND ".join(
+            f"{target}.{quote_name(k)} <=> VALUES({quote_name(k)})" for k in self.keys
+        )
+        first = quote_name(self.keys[0])
         guard = f"{first} = IF({same}, {target}.{first}, {_FAIL})"
-        sets = ", ".join([guard] + [f"{_q(c)} = VALUES({_q(c)})" for c in updates])
-        names = ", ".join(map(_q, written))
-        s_names = ", ".join(f"s.{_q(c)}" for c in written)
+        sets = ", ".join([guard] + [f"{quote_name(c)} = VALUES({quote_name(c)})" for c in updates])
+        names = ", ".join(map(quote_name, written))
+        s_names = ", ".join(f"s.{quote_name(c)}" for c in written)
         statements.append(
             f"INSERT INTO {target} ({names}) SELECT {s_names} FROM {stage} AS s{keep} "
             f"ON DUPLICATE KEY UPDATE {sets}"

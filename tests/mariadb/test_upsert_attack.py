@@ -331,16 +331,7 @@ def test_a_task_killed_mid_load_leaves_nothing_and_the_retry_writes_the_batch(
 @pytest.mark.parametrize(
     "fmt",
     [
-        pytest.param(
-            "STATEMENT",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="binlog_format=STATEMENT: the task's first commit-log write (the run's "
-                "registration) raises pymysql's raw OperationalError 1665, not an error in "
-                "sqlsink's words with the fix (binlog_format=ROW or MIXED); planning's "
-                "ensure_schema says 'Grant the sink's role ALL', a wrong fix",
-            ),
-        ),
+        "STATEMENT",
         "MIXED",
     ],
 )
@@ -349,7 +340,8 @@ def test_upsert_under_a_statement_or_mixed_binary_log(
 ) -> None:
     """MariaDB's default binlog_format is MIXED: the branch loads without a warning,
     prepares and commits. STATEMENT cannot log the sink's READ COMMITTED writes (sqlsink
-    check says so): the write fails in the server's words, nothing left prepared."""
+    check says so): the write is refused in the sink's words with the fix, nothing left
+    prepared."""
     root = mariadb_server.connect(root=True)
     try:
         with root.cursor() as cur:
@@ -369,8 +361,8 @@ def test_upsert_under_a_statement_or_mixed_binary_log(
                 with pytest.raises(SqlsinkError) as caught:
                     w.write(0, PARTITION)
                 text = str(caught.value)
-                assert "BINLOG_FORMAT = STATEMENT" in text and "Fix:" in text, text
-                assert "binlog_format" in text.replace("BINLOG_FORMAT =", ""), text
+                assert "binlog_format = STATEMENT" in text, text
+                assert "Fix: SET GLOBAL binlog_format = 'ROW'" in text, text
                 assert q(url, f"SELECT id, v, note FROM `{w.table}` ORDER BY id") == BEFORE
             else:
                 w.commit(0, [w.write(0, PARTITION)])
