@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from sqlsink.errors import TransientError
 from sqlsink.mariadb import locks
 from sqlsink.mariadb.backend import MariaDBBackend
 from sqlsink.mariadb.connection import connect, execute, rows
-from tests.fix_mariadb import MariaServer
+from tests.fix_mariadb import TARGET_DB, MariaServer
 from tests.mariadb.protocol import Writer, forget_sink, ids_of, make_table, new_sink, prepared_of
 
 
@@ -132,6 +134,62 @@ def test_registration_waiting_on_a_held_sink_row_names_lock_timeout_and_the_hold
         holder.close()  # lets the sink lock go
     writer.commit(1, [outcome])
     assert ids_of(url, writer.table) == list(range(10))
+    assert prepared_of(url, writer.sink) == []
+
+
+def test_a_registration_chosen_as_a_deadlocks_victim_is_a_transient_error(
+    mariadb_server: MariaServer, writer: Writer
+) -> None:
+    """Another session holds the sink's run rows and then asks for the sink's row, which
+    a new run's registration holds while it waits for those run rows: InnoDB ends the
+    lighter transaction (the registration's; the other one wrote 200 rows) with 1213."""
+    url = mariadb_server.url()
+    writer.batch(0, range(0, 5))
+    conn = connect(url)
+    holder = mariadb_server.connect(root=True)
+    failed: list[BaseException] = []
+    try:
+        backend = MariaDBBackend(conn, 10.0)
+        me = int(rows(conn, "SELECT CONNECTION_ID()")[0][0])
+        execute(holder, "BEGIN")
+        values = ", ".join(f"({i})" for i in range(1000, 1200))
+        execute(holder, f"INSERT INTO `{TARGET_DB}`.`{writer.table}` (id) VALUES {values}")
+        rows(holder, "SELECT * FROM sqlsink.runs WHERE sink_id = %s FOR UPDATE", (writer.sink,))
+
+        def register() -> None:
+            try:
+                backend.register_run(writer.sink, "r-new", 300.0, holds_lock=False)
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=register)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not rows(  # the registration waits for the run rows: its UPDATE
+            holder,
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND INFO LIKE %s",
+            (me, "UPDATE%runs%"),
+        ):
+            assert time.monotonic() < deadline, ("the registration never waited", failed)
+            time.sleep(0.02)
+        rows(holder, "SELECT * FROM sqlsink.sinks WHERE sink_id = %s FOR UPDATE", (writer.sink,))
+        thread.join(15)
+        assert not thread.is_alive()
+        execute(holder, "ROLLBACK")
+        assert len(failed) == 1 and isinstance(failed[0], TransientError), failed
+        said(
+            mariadb_server,
+            failed[0],
+            f"sink {writer.sink}: a deadlock at MariaDB",
+            "while registering run r-new",
+            "1213",
+            "The batch is retried",
+        )
+        assert backend.register_run(writer.sink, "r-new", 300.0, holds_lock=False) is None
+    finally:
+        holder.close()
+        conn.close()
+    assert ids_of(url, writer.table) == list(range(5))
     assert prepared_of(url, writer.sink) == []
 
 
