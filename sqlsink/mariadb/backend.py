@@ -24,8 +24,8 @@ Where MariaDB differs from PostgreSQL, and how it is modelled here:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
@@ -43,9 +43,33 @@ from sqlsink.core.model import (
 from sqlsink.errors import ConfigError, TransientError
 from sqlsink.mariadb import commit_log, locks, retention, run_registry, xid
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute, rows
+from sqlsink.mariadb.errors import RETRIED, translated
 
 XAER_NOTA = 1397  # the xid is not known (not prepared, or still attached to its session)
 XA_RBROLLBACK = 1402  # the branch was rolled back (by the server): gone
+
+
+# what happens next, said by the step a lost session or a lock wait interrupted
+_DECIDING = (
+    "Whether the decision was written is known from the commit log: if it was, the retry "
+    "or the next run's recovery commits the batch's branches; if not, they are rolled "
+    "back and Spark retries the batch"
+)
+_REGISTERING = "Nothing of the batch is committed yet. " + RETRIED
+_NOTHING = "Nothing was changed (the step is one transaction); run it again"
+
+
+def _finishing(verb: str, gid: str) -> tuple[str, str | None, str]:
+    found = xid.encode_text(gid)
+    parsed = gid.split("_")
+    sink = parsed[1] if found is not None and len(parsed) > 2 else None
+    return (
+        f"{verb} prepared branch {gid}",
+        sink,
+        "The branch stays prepared on the server (a prepared XA branch outlives its "
+        "session and a restart): the batch's retry, the next run's recovery or sqlsink "
+        "recover finishes it as its decision says",
+    )
 
 
 class MariaDBBackend:
@@ -59,9 +83,25 @@ class MariaDBBackend:
         self.conn = conn
         self.lock_timeout_s = lock_timeout_s
         self.db = log_database
-        execute(conn, "SET SESSION innodb_lock_wait_timeout = %s", (max(1, round(lock_timeout_s)),))
-        user = rows(conn, "SELECT CURRENT_USER()")[0][0]
+        self.user = ""
+        with self._doing("opening the sink's session"):
+            execute(
+                conn, "SET SESSION innodb_lock_wait_timeout = %s", (max(1, round(lock_timeout_s)),)
+            )
+            user = rows(conn, "SELECT CURRENT_USER()")[0][0]
         self.user = str(user).rsplit("@", 1)[0]
+
+    @contextmanager
+    def _doing(
+        self, doing: str, sink_id: str | None = None, after: str = RETRIED
+    ) -> Iterator[None]:
+        """Every statement path of the backend: PyMySQL's connection losses, lock wait
+        timeouts and deadlocks become TransientErrors saying ``doing`` (mariadb/errors.py)."""
+        with translated(
+            self.conn, doing, sink_id=sink_id, user=self.user, db=self.db,
+            lock_timeout_s=self.lock_timeout_s, after=after,
+        ):  # fmt: skip
+            yield
 
     @property
     def database(self) -> str:
@@ -72,7 +112,8 @@ class MariaDBBackend:
         return None  # any user may finish any prepared branch on MariaDB
 
     def cut_session(self, url: str) -> None:
-        me = int(rows(self.conn, "SELECT CONNECTION_ID()")[0][0])
+        with self._doing("asking its session's id"):
+            me = int(rows(self.conn, "SELECT CONNECTION_ID()")[0][0])
         other = connect(url)
         try:
             execute(other, f"KILL CONNECTION {me}")
@@ -93,23 +134,31 @@ class MariaDBBackend:
         end_fenced: bool = True,
     ) -> LockTake:
         bound = self.lock_timeout_s if timeout_s is None else timeout_s
-        return locks.acquire_sink_lock(
-            self.conn, self.db, sink_id, bound, waiting, end_fenced=end_fenced
-        )
+        with self._doing(f"taking the sink lock of sink {sink_id}", sink_id):
+            return locks.acquire_sink_lock(
+                self.conn, self.db, sink_id, bound, waiting, end_fenced=end_fenced
+            )
 
     def try_sink_lock(self, sink_id: str | None) -> bool:
-        return locks.try_sink_lock(self.conn, self.db, sink_id)
+        with self._doing(f"trying the sink lock of sink {sink_id}", sink_id):
+            return locks.try_sink_lock(self.conn, self.db, sink_id)
 
     def unlock_sink(self, sink_id: str | None) -> None:
-        locks.unlock_sink(self.conn, self.db, sink_id)
+        after = (
+            "The server let the sink lock go with the session (named locks end with it); " + RETRIED
+        )
+        with self._doing(f"letting the sink lock of sink {sink_id} go", sink_id, after):
+            locks.unlock_sink(self.conn, self.db, sink_id)
 
     def end_fenced_holders(self, sink_id: str | None) -> list[int]:
-        return locks.end_fenced_holders(self.conn, self.db, sink_id)
+        with self._doing("ending a fenced run's holder of the sink lock", sink_id):
+            return locks.end_fenced_holders(self.conn, self.db, sink_id)
 
     # -- prepared branches -----------------------------------------------------------------
 
     def _recovered(self) -> list[str]:
-        found = [xid.from_recover_row(r) for r in rows(self.conn, "XA RECOVER")]
+        with self._doing("listing the prepared XA branches (XA RECOVER)"):
+            found = [xid.from_recover_row(r) for r in rows(self.conn, "XA RECOVER")]
         return sorted(str(g) for g in found if g is not None)
 
     def prepared(self, sink_id: str | None) -> list[PreparedTransaction]:
@@ -121,10 +170,12 @@ class MariaDBBackend:
         ]
 
     def commit_prepared(self, gid: str) -> bool:
-        return self._finish("COMMIT", gid)
+        with self._doing(*_finishing("committing", gid)):
+            return self._finish("COMMIT", gid)
 
     def rollback_prepared(self, gid: str) -> bool:
-        return self._finish("ROLLBACK", gid)
+        with self._doing(*_finishing("rolling back", gid)):
+            return self._finish("ROLLBACK", gid)
 
     def _listed(self, gid: str, branch: xid.Xid) -> bool:
         """Whether XA RECOVER lists this branch; a ConfigError when it lists a foreign
@@ -183,26 +234,34 @@ class MariaDBBackend:
     def decisions(
         self, sink_id: str | None, batch_ids: Iterable[tuple[str, int]] = ()
     ) -> dict[tuple[str, int], Decision]:
-        return commit_log.decisions(self.conn, self.db, sink_id, batch_ids)
+        with self._doing(f"reading the decisions of sink {sink_id}", sink_id):
+            return commit_log.decisions(self.conn, self.db, sink_id, batch_ids)
 
     def binding(self, sink_id: str) -> Binding | None:
-        return commit_log.binding(self.conn, self.db, sink_id)
+        with self._doing(f"reading the binding of sink {sink_id}", sink_id):
+            return commit_log.binding(self.conn, self.db, sink_id)
 
     def bind(self, sink_id: str, writer: Binding) -> None:
-        commit_log.bind(self.conn, self.db, sink_id, writer)
+        with self._doing(f"binding sink {sink_id} to its writer", sink_id):
+            commit_log.bind(self.conn, self.db, sink_id, writer)
 
     def highest_decided(self, sink_id: str) -> int | None:
-        return commit_log.highest_decided(self.conn, self.db, sink_id)
+        with self._doing(f"reading the highest decided batch of sink {sink_id}", sink_id):
+            return commit_log.highest_decided(self.conn, self.db, sink_id)
 
     def task_state(self, sink_id: str, run_id: str, batch_id: int) -> TaskState:
         mine = [t.gid for t in self.prepared(sink_id)]
-        return commit_log.task_state(self.conn, self.db, sink_id, run_id, batch_id, mine)
+        with self._doing(f"reading the state of batch {batch_id} of run {run_id}", sink_id):
+            return commit_log.task_state(self.conn, self.db, sink_id, run_id, batch_id, mine)
 
     def attempt_fate(self, sink_id: str, run_id: str, batch_id: int, gid: str) -> Fate:
-        return commit_log.attempt_fate(self.conn, self.db, sink_id, run_id, batch_id, gid)
+        with self._doing(f"asking the fate of {gid}", sink_id):
+            return commit_log.attempt_fate(self.conn, self.db, sink_id, run_id, batch_id, gid)
 
     def insert_decision(self, decision: NewDecision) -> bool:
-        return commit_log.insert_decision(self.conn, self.db, decision)
+        doing = f"writing the decision of batch {decision.batch_id}"
+        with self._doing(doing, decision.sink_id, _DECIDING):
+            return commit_log.insert_decision(self.conn, self.db, decision, self.cut_session)
 
     def record_metrics(
         self,
@@ -213,34 +272,50 @@ class MariaDBBackend:
         *,
         figures: BatchFigures | None = None,
     ) -> None:
-        commit_log.record_metrics(
-            self.conn, self.db, sink_id, batch_id, commit_ms, orphans, figures=figures
+        after = (
+            f"Batch {batch_id} is committed already (its branches are); only its figures "
+            "are not recorded. " + RETRIED
         )
+        with self._doing(f"recording the figures of batch {batch_id}", sink_id, after):
+            commit_log.record_metrics(
+                self.conn, self.db, sink_id, batch_id, commit_ms, orphans, figures=figures
+            )
 
     def visible_markers(self, gids: Collection[str]) -> set[str]:
-        return commit_log.visible_markers(self.conn, self.db, gids)
+        with self._doing("reading the committed branches' markers"):
+            return commit_log.visible_markers(self.conn, self.db, gids)
 
     def record_handover(self, sink_id: str, run_id: str, batch_id: int) -> None:
-        commit_log.record_handover(self.conn, self.db, sink_id, run_id, batch_id)
+        with self._doing(f"recording the hand-over of batch {batch_id} of run {run_id}", sink_id):
+            commit_log.record_handover(self.conn, self.db, sink_id, run_id, batch_id)
 
     def handovers(self, sink_id: str) -> list[Handover]:
-        return commit_log.handovers(self.conn, self.db, sink_id)
+        with self._doing(f"reading the hand-overs of sink {sink_id}", sink_id):
+            return commit_log.handovers(self.conn, self.db, sink_id)
 
     def mark_complete(self, sink_id: str, batch_ids: Collection[int]) -> None:
-        commit_log.mark_complete(self.conn, self.db, sink_id, batch_ids)
+        with self._doing(
+            f"marking batch(es) {sorted(batch_ids)} of sink {sink_id} complete", sink_id
+        ):
+            commit_log.mark_complete(self.conn, self.db, sink_id, batch_ids)
 
     def prune_decisions(self, sink_id: str, through: int) -> int:
-        return retention.prune_decisions(self.conn, self.db, sink_id, through)
+        with self._doing(
+            f"pruning the decisions of sink {sink_id} through batch {through}", sink_id
+        ):
+            return retention.prune_decisions(self.conn, self.db, sink_id, through)
 
     def forget_sink(self, sink_id: str) -> int:
         """``sqlsink forget``'s removal (the caller holds the sink lock)."""
         mine = [t.gid for t in self.prepared(sink_id)]
-        return retention.forget_sink(self.conn, self.db, sink_id, mine)
+        with self._doing(f"forgetting sink {sink_id}", sink_id, _NOTHING):
+            return retention.forget_sink(self.conn, self.db, sink_id, mine)
 
     # -- runs ------------------------------------------------------------------------------
 
     def fence_runs(self, sink_id: str, run_ids: Collection[str]) -> list[str]:
-        return run_registry.fence_runs(self.conn, self.db, sink_id, run_ids)
+        with self._doing(f"fencing run(s) {sorted(run_ids)} of sink {sink_id}", sink_id, _NOTHING):
+            return run_registry.fence_runs(self.conn, self.db, sink_id, run_ids)
 
     def register_run(
         self,
@@ -252,19 +327,23 @@ class MariaDBBackend:
         admit: Callable[[Binding | None, int | None], None] | None = None,
         token: str | None = None,
     ) -> str | None:
-        return run_registry.register_run(
-            self.conn, self.db, sink_id, run_id, live_for_s,
-            holds_lock=holds_lock, admit=admit, token=token,
-        )  # fmt: skip
+        with self._doing(f"registering run {run_id}", sink_id, _REGISTERING):
+            return run_registry.register_run(
+                self.conn, self.db, sink_id, run_id, live_for_s,
+                holds_lock=holds_lock, admit=admit, token=token,
+            )  # fmt: skip
 
     def run_of_token(self, sink_id: str, token: str) -> str | None:
-        return run_registry.run_of_token(self.conn, self.db, sink_id, token)
+        with self._doing(f"finding the run of a driver token of sink {sink_id}", sink_id):
+            return run_registry.run_of_token(self.conn, self.db, sink_id, token)
 
     def mark_aborted(self, sink_id: str, run_id: str, batch_id: int) -> None:
-        run_registry.mark_aborted(self.conn, self.db, sink_id, run_id, batch_id)
+        with self._doing(f"marking batch {batch_id} of run {run_id} aborted", sink_id):
+            run_registry.mark_aborted(self.conn, self.db, sink_id, run_id, batch_id)
 
     def live_runs(self, sink_id: str | None) -> dict[tuple[str, str], float]:
-        return run_registry.live_runs(self.conn, self.db, sink_id)
+        with self._doing(f"reading the live runs of sink {sink_id}", sink_id):
+            return run_registry.live_runs(self.conn, self.db, sink_id)
 
     def await_batch_tasks(
         self, sink_id: str, batch_id: int, timeout_s: float
@@ -274,14 +353,15 @@ class MariaDBBackend:
         deadline = time.monotonic() + timeout_s
         seen: list[int] | None = None
         while True:
-            found = rows(
-                self.conn,
-                f"SELECT t.conn_id FROM `{self.db}`.task_sessions t "
-                "JOIN information_schema.PROCESSLIST p ON p.ID = t.conn_id "
-                "WHERE t.sink_id = %s AND t.batch_id = %s AND t.conn_id <> CONNECTION_ID() "
-                "ORDER BY 1",
-                (sink_id, batch_id),
-            )
+            with self._doing(f"waiting for the task sessions of batch {batch_id}", sink_id):
+                found = rows(
+                    self.conn,
+                    f"SELECT t.conn_id FROM `{self.db}`.task_sessions t "
+                    "JOIN information_schema.PROCESSLIST p ON p.ID = t.conn_id "
+                    "WHERE t.sink_id = %s AND t.batch_id = %s AND t.conn_id <> CONNECTION_ID() "
+                    "ORDER BY 1",
+                    (sink_id, batch_id),
+                )
             ids = [int(r[0]) for r in found]
             seen = ids if seen is None else seen
             if not ids or time.monotonic() >= deadline:
@@ -291,15 +371,18 @@ class MariaDBBackend:
     # -- the checkpoint against the log (core.checkpoint_check.CheckpointLedger) -----------
 
     def run_check(self, sink_id: str, run_id: str) -> RunCheck:
-        return retention.run_check(self.conn, self.db, sink_id, run_id)
+        with self._doing(f"reading the checkpoint check of run {run_id}", sink_id):
+            return retention.run_check(self.conn, self.db, sink_id, run_id)
 
     def coverage(self, sink_id: str, batch_ids: Collection[int]) -> LogCoverage:
-        return retention.coverage(self.conn, self.db, sink_id, batch_ids)
+        with self._doing(f"reading which batches the commit log of sink {sink_id} covers", sink_id):
+            return retention.coverage(self.conn, self.db, sink_id, batch_ids)
 
     def record_check(
         self, sink_id: str, run_id: str, batch_id: int, location: str | None, verdict: Verdict
     ) -> None:
-        retention.record_check(self.conn, self.db, sink_id, run_id, batch_id, location, verdict)
+        with self._doing(f"recording the checkpoint check of run {run_id}", sink_id):
+            retention.record_check(self.conn, self.db, sink_id, run_id, batch_id, location, verdict)
 
 
 def statement_logging(value: str) -> str:

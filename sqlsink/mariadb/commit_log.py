@@ -6,7 +6,7 @@ the commit log's database name; those that must be atomic open their own transac
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -172,8 +172,11 @@ def decisions(
     return out
 
 
-def insert_decision(conn: Connection, db: str, decision: NewDecision) -> bool:
-    """Write the decision durably unless one exists; True if this call wrote it."""
+def insert_decision(
+    conn: Connection, db: str, decision: NewDecision, cut: Callable[[str], None] | None = None
+) -> bool:
+    """Write the decision durably unless one exists; True if this call wrote it (``cut``:
+    the backend's way of ending this session, for the in_decision terminate fault)."""
     sink_id, batch_id, gids = decision.sink_id, decision.batch_id, list(decision.gids)
     writer = Binding.of(decision.query_id)
     first = decision.first_write_at
@@ -210,7 +213,8 @@ def insert_decision(conn: Connection, db: str, decision: NewDecision) -> bool:
                 json.dumps(list(decision.tables)) if decision.tables else None, len(gids),
             ),
         )  # fmt: skip
-        crash_point("in_decision", batch_id)  # inside the transaction (tests pause here)
+        # inside the transaction (tests pause here, or cut the session)
+        crash_point("in_decision", batch_id, cut=cut)
         execute(conn, "COMMIT")
     except BaseException:
         if conn.open:

@@ -442,11 +442,10 @@ class MariaHarness:
         time.sleep(seconds)
 
     def lost(self, backend: MariaDBBackend) -> bool:
-        import pymysql
-
         try:
             backend.highest_decided("any")
-        except (pymysql.OperationalError, pymysql.InterfaceError):
+        except TransientError as exc:  # the backend's translation (sqlsink/mariadb/errors.py)
+            assert "lost the connection to MariaDB at" in str(exc), exc
             return True
         return False
 
