@@ -1,0 +1,181 @@
+"""Attacks on the operator commands on a MariaDB url, as a tired on-call operator runs
+them at night: the checkpoint check's verdict in ``status``/``metrics``, another
+application's XA branches beside the sink's, ``recover`` while the sink lock is held,
+a password with special characters, a user without privileges on the commit log."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sqlsink.checkpoint.parse import checkpoint_policy
+from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode
+from sqlsink.errors import DataLossError
+from sqlsink.mariadb.connection import connect, execute, rows
+from sqlsink.mariadb.locks import lock_name
+from tests.fix_mariadb import MariaServer
+from tests.mariadb.protocol import Writer, forget_sink, ids_of, make_table, new_sink, prepared_of
+from tests.mariadb.test_cli import LIVE_S, crash, document
+from tests.pg.test_cli import Result, make_checkpoint, sqlsink
+
+
+@pytest.fixture(scope="module")
+def url(mariadb_server: MariaServer) -> str:
+    return mariadb_server.url()
+
+
+@pytest.fixture
+def writer(url: str) -> Iterator[Writer]:
+    w = Writer(url, f"t_{uuid.uuid4().hex[:8]}", new_sink(), live_s=300)
+    make_table(url, w.table)
+    yield w
+    forget_sink(url, w.sink)
+
+
+def cli(url: str, *args: str) -> Result:
+    done = sqlsink(*args, "--url", url)
+    password = urllib.parse.urlsplit(url).password
+    for secret in (password, password and urllib.parse.unquote(password)):
+        assert not secret or secret not in done.out + done.err
+    return done
+
+
+def xa_recover(url: str) -> list[tuple[int, bytes]]:
+    conn = connect(url)
+    try:
+        return sorted((int(r[0]), bytes(r[3])) for r in rows(conn, "XA RECOVER"))
+    finally:
+        conn.close()
+
+
+# -- the checkpoint check's verdict --------------------------------------------------------
+
+
+def test_a_recorded_checkpoint_loss_is_shown_by_status_and_metrics(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """A run's commit relates the checkpoint to the log and records its verdict on the
+    runs row; ``status`` is how on-call sees a data-loss verdict. Spark's checkpoint
+    records batches 0 and 1 committed; the log has neither: the check says loss."""
+    writer.batch(0, range(0, 3))  # (no check yet: the log has batch 0)
+    checkpoint = make_checkpoint(tmp_path / "cp", "q1", [0, 1, 2, 3], [0, 1, 2])
+    # batch 3 by a new run with a check: Spark committed 0..2, the log has only 0
+    writer.run = uuid.uuid4().hex
+    outcomes = [writer.write(3, range(10, 13))]
+    with writer.committer() as committer:
+        committer.checkpoint_check = CheckpointCheck(
+            committer.backend,  # type: ignore[arg-type]
+            checkpoint_policy(str(checkpoint), CheckpointMode.WARN),
+        )
+        with pytest.raises(DataLossError):
+            committer.commit_batch(3, outcomes, query_id="q1", run_id=writer.run)
+    conn = connect(writer.url)
+    try:
+        recorded = rows(
+            conn,
+            "SELECT checkpoint_verdict, checkpoint_lost FROM sqlsink.runs "
+            "WHERE sink_id = %s AND run_id = %s",
+            (writer.sink, writer.run),
+        )
+    finally:
+        conn.close()
+    assert recorded == [("loss", "[1, 2]")]
+    done = cli(writer.url, "status", "--json", "--sink-id", writer.sink)
+    doc = document(done, "status")
+    (sink,) = doc["sinks"]
+    assert sink["checkpoint_check"] is not None, "the recorded verdict is not shown"
+    assert sink["checkpoint_check"]["verdict"] == "loss"
+    assert sink["checkpoint_check"]["lost"] == [1, 2]
+    assert done.code == 3  # DATA LOSS
+    text = cli(writer.url, "status", "--sink-id", writer.sink)
+    assert "DATA LOSS: Spark's checkpoint" in text.out and "exit 3: DATA LOSS" in text.out
+    metrics = cli(writer.url, "metrics", "--once")
+    assert metrics.code == 0, metrics.err
+    assert f'sqlsink_checkpoint_lost_batches{{sink="{writer.sink}"}} 2' in metrics.out
+    # refused before its decision: batch 3's branch is left undecided (as on PostgreSQL)
+    assert [g.split("_")[2] for g in prepared_of(writer.url, writer.sink)] == ["3"]
+    assert ids_of(writer.url, writer.table) == [0, 1, 2]
+
+
+# -- another application's XA branch beside the sink's --------------------------------------
+
+
+def test_recover_never_touches_a_foreign_xa_branch_and_status_lists_it(
+    url: str, tmp_path: Path
+) -> None:
+    """Another application's branch (its own formatID) and a branch of another sink's
+    left beside this sink's undecided ones: ``recover`` of the sink finishes only its own."""
+    w = Writer(url, f"t_{uuid.uuid4().hex[:8]}", new_sink(), live_s=LIVE_S)
+    make_table(url, w.table)
+    other = connect(url)
+    try:
+        execute(other, f"CREATE TABLE `{w.table}_app` (id int PRIMARY KEY) ENGINE=InnoDB")
+        execute(other, "XA START X'617070',X'6231',4242")
+        execute(other, f"INSERT INTO `{w.table}_app` VALUES (1)")
+        execute(other, "XA END X'617070',X'6231',4242")
+        execute(other, "XA PREPARE X'617070',X'6231',4242")
+        other.close()  # (MariaDB keeps a prepared branch of a closed session)
+        left = crash(w, "after_decision", tmp_path)
+        assert (4242, b"appb1") in xa_recover(url)
+        done = cli(url, "status", "--json", "--sink-id", w.sink)
+        doc = document(done, "status")
+        (sink,) = doc["sinks"]
+        assert sorted(p["gid"] for p in sink["prepared"]) == left
+        assert [p["gid"] for p in doc["other_prepared"]] == ["X'617070',X'6231',4242"]
+        every = document(cli(url, "recover", "--dry-run", "--json"), "recover")
+        (foreign,) = [a for a in every["actions"] if a["gid"].startswith("X'")]
+        assert (foreign["action"], foreign["why"], foreign["sink_id"]) == ("leave", "foreign", None)
+        assert foreign["reason"] == "not a sqlsink transaction"
+        acted = document(cli(url, "recover", "--json", "--sink-id", w.sink), "recover")
+        assert {a["gid"]: a["result"] for a in acted["actions"]} == {
+            **dict.fromkeys(left, "committed"),
+            "X'617070',X'6231',4242": None,
+        }
+        assert prepared_of(url, w.sink) == [] and ids_of(url, w.table) == list(range(30))
+        assert (4242, b"appb1") in xa_recover(url)
+        # every sink's recovery, for real: the foreign branch still stands
+        assert cli(url, "recover", "--json").code in (0, 1)
+        assert (4242, b"appb1") in xa_recover(url)
+    finally:
+        cleanup = connect(url)
+        try:
+            if (4242, b"appb1") in xa_recover(url):
+                execute(cleanup, "XA ROLLBACK X'617070',X'6231',4242")
+            execute(cleanup, f"DROP TABLE IF EXISTS `{w.table}_app`")
+        finally:
+            cleanup.close()
+        forget_sink(url, w.sink)
+
+
+# -- recover while the sink lock is held ----------------------------------------------------
+
+
+def test_recover_waits_bounded_for_the_sink_lock_and_names_its_holder(
+    writer: Writer, tmp_path: Path
+) -> None:
+    left = crash(writer, "after_decision", tmp_path)
+    holder = connect(writer.url)
+    try:
+        assert rows(holder, "SELECT GET_LOCK(%s, 0)", (lock_name(writer.sink),))[0][0] == 1
+        pid = rows(holder, "SELECT CONNECTION_ID()")[0][0]
+        started = time.monotonic()
+        done = cli(writer.url, "recover", "--sink-id", writer.sink, "--lock-timeout", "2")
+        took = time.monotonic() - started
+        assert done.code != 0 and took < 30, (took, done.out, done.err)
+        said = done.out + done.err
+        assert str(pid) in said, said
+        assert (
+            prepared_of(writer.url, writer.sink) == left and ids_of(writer.url, writer.table) == []
+        )
+    finally:
+        holder.close()
+    done = cli(writer.url, "recover", "--sink-id", writer.sink)
+    assert done.code == 0, done.out + done.err
+    assert prepared_of(writer.url, writer.sink) == [] and ids_of(writer.url, writer.table) == list(
+        range(30)
+    )
