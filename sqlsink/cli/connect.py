@@ -37,5 +37,5 @@ def require_schema(conn: AdminSession, me: RoleInfo) -> None:
 def checks_recorded(conn: AdminSession) -> bool:
     """Whether the commit log keeps the checkpoint check's verdicts: PostgreSQL's from
     its schema 4 on; every other database's log since its first schema (its versions
-    count apart from PostgreSQL's: MariaDB's log is at 2 and has the columns)."""
+    count apart from PostgreSQL's: MariaDB's first has the columns)."""
     return conn.terms() != POSTGRES_TERMS or conn.schema_version() >= 4

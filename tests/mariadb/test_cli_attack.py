@@ -179,3 +179,49 @@ def test_recover_waits_bounded_for_the_sink_lock_and_names_its_holder(
     assert prepared_of(writer.url, writer.sink) == [] and ids_of(writer.url, writer.table) == list(
         range(30)
     )
+
+
+# -- a user without privileges, a password with special characters --------------------------
+
+NIGHT_PASSWORD = "p@ss:w/rd%#?&' x"
+
+
+@pytest.fixture(scope="module")
+def night_url(mariadb_server: MariaServer, url: str) -> Iterator[str]:
+    """A user that may log in and nothing more; its password needs quoting in a url."""
+    root = mariadb_server.connect(root=True)
+    try:
+        with root.cursor() as cur:
+            cur.execute("CREATE USER 'night'@'%%' IDENTIFIED BY %s", (NIGHT_PASSWORD,))
+    finally:
+        root.close()
+    parts = urllib.parse.urlsplit(url)
+    yield parts._replace(
+        netloc=f"night:{urllib.parse.quote(NIGHT_PASSWORD, safe='')}@{parts.hostname}:{parts.port}"
+    ).geturl()
+    root = mariadb_server.connect(root=True)
+    try:
+        with root.cursor() as cur:
+            cur.execute("DROP USER 'night'@'%'")
+    finally:
+        root.close()
+
+
+@pytest.mark.parametrize("command", ["status", "recover", "forget", "metrics", "check"])
+def test_a_user_without_privileges_is_told_so_and_its_password_never_printed(
+    night_url: str, command: str
+) -> None:
+    args = {"forget": ("forget", "--sink-id", "s1"), "metrics": ("metrics", "--once")}
+    done = cli(night_url, *args.get(command, (command,)))
+    denied = "Access denied for user 'night'@'%' to database 'sqlsink_test'"
+    assert done.code == 2 and NIGHT_PASSWORD not in done.out + done.err
+    if command == "metrics":
+        assert "sqlsink_up 0.0" in done.out
+        assert done.err.strip() == f"sqlsink metrics: scrape failed: MariaDB error: {denied}"
+        return
+    # MariaDB has no role owning a schema, nor a superuser: the fix says MariaDB's words
+    assert done.err.strip() == (
+        f"sqlsink {command}: error: permission denied: {denied}. Fix: connect as the "
+        "sink's user (the one its queries connect as), or grant this user what the "
+        "message names (ALL on `sqlsink`.* for the commit log)"
+    )
