@@ -225,3 +225,46 @@ def test_a_user_without_privileges_is_told_so_and_its_password_never_printed(
         "sink's user (the one its queries connect as), or grant this user what the "
         "message names (ALL on `sqlsink`.* for the commit log)"
     )
+
+
+def test_status_as_a_user_without_the_commit_log_says_so(
+    mariadb_server: MariaServer, night_url: str
+) -> None:
+    root = mariadb_server.connect(root=True)
+    try:
+        with root.cursor() as cur:
+            cur.execute("GRANT SELECT ON sqlsink_test.* TO 'night'@'%'")
+        done = cli(night_url, "status")
+        assert done.code == 2
+        assert done.err.strip() == (
+            "sqlsink status: error: permission denied: SELECT command denied to user "
+            "'night'@'127.0.0.1' for table `sqlsink`.`schema_version`. Fix: connect as the "
+            "sink's user (the one its queries connect as), or grant this user what the "
+            "message names (ALL on `sqlsink`.* for the commit log)"
+        )
+    finally:
+        with root.cursor() as cur:
+            cur.execute("REVOKE SELECT ON sqlsink_test.* FROM 'night'@'%'")
+        root.close()
+
+
+def test_forget_of_a_sink_with_prepared_branches_is_refused(writer: Writer, tmp_path: Path) -> None:
+    left = crash(writer, "after_decision", tmp_path)
+    done = cli(writer.url, "forget", "--sink-id", writer.sink)
+    assert done.code == 1 and "exit 1: refused, see above" in done.out
+    assert (
+        f"refused: sink {writer.sink} is not finished: it has 3 prepared branch(es) "
+        f"({', '.join(left)}); incomplete batch(es) 0; a live run ({writer.run}). Forgetting "
+        "it now would lose what its log is there to complete. Nothing was removed. Fix: run "
+        f"sqlsink recover --sink-id {writer.sink} first (and stop the query if it runs), then "
+        "sqlsink forget again"
+    ) in done.out
+    assert prepared_of(writer.url, writer.sink) == left
+    conn = connect(writer.url)
+    try:
+        kept = rows(
+            conn, "SELECT count(*) FROM sqlsink.decisions WHERE sink_id = %s", (writer.sink,)
+        )
+    finally:
+        conn.close()
+    assert kept == [(1,)]
