@@ -268,3 +268,56 @@ def test_forget_of_a_sink_with_prepared_branches_is_refused(writer: Writer, tmp_
     finally:
         conn.close()
     assert kept == [(1,)]
+
+
+# -- recover after mariadbd was SIGKILLed and restarted: connection ids start again ---------
+
+
+def test_recover_after_a_server_restart_never_kills_an_innocent_reused_connection_id(
+    mariadb_server: MariaServer, url: str, tmp_path: Path
+) -> None:
+    """Run A's driver is SIGKILLed while it holds the sink lock: its runs row still names
+    its connection id as the lock holder. Run B supersedes A. mariadbd is SIGKILLed and
+    restarted: connection ids count again from 1, and an innocent session (here one
+    holding the sink lock as a ``recover`` does) gets A's old id. ``recover`` waiting for
+    the lock must not take it for A's fenced session and KILL it."""
+    w = Writer(url, f"t_{uuid.uuid4().hex[:8]}", new_sink(), live_s=LIVE_S, lock_timeout_s=2)
+    make_table(url, w.table)
+    try:
+        crash(w, "before_decision", tmp_path)
+        run_a = w.run
+        conn = connect(url)
+        try:
+            (stale,) = rows(
+                conn,
+                "SELECT lock_conn FROM sqlsink.runs WHERE sink_id = %s AND run_id = %s",
+                (w.sink, run_a),
+            )[0]
+        finally:
+            conn.close()
+        assert stale is not None
+        w.run = uuid.uuid4().hex  # run B: its registration supersedes A
+        w.batch(1, range(100, 103))
+        mariadb_server.kill_and_restart()
+        innocent = None
+        for _ in range(int(stale) + 100):  # bounded: ids count up by one per session
+            c = connect(url)
+            if rows(c, "SELECT CONNECTION_ID()")[0][0] == int(stale):
+                innocent = c
+                break
+            c.close()
+        if innocent is None:
+            pytest.fail(f"connection id {stale} not reached after the restart")
+        try:
+            assert rows(innocent, "SELECT GET_LOCK(%s, 0)", (lock_name(w.sink),))[0][0] == 1
+            done = cli(url, "recover", "--sink-id", w.sink, "--lock-timeout", "1")
+            said = done.out + done.err
+            assert done.code == 1, said
+            # named as what it is: a session holding the lock, not run A's committer
+            assert f"its lock is held by pid {stale} '' (role sink from 127.0.0.1, sleep)" in said
+            assert "ended" not in said and "commit'" not in said
+            assert rows(innocent, "SELECT 1") == [(1,)], "recover killed an innocent session"
+        finally:
+            innocent.close()
+    finally:
+        forget_sink(url, w.sink)
