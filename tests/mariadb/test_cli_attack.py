@@ -321,3 +321,27 @@ def test_recover_after_a_server_restart_never_kills_an_innocent_reused_connectio
             innocent.close()
     finally:
         forget_sink(url, w.sink)
+
+
+def test_a_superseded_runs_lock_holder_of_this_server_life_is_still_ended(writer: Writer) -> None:
+    """The other side of the restart guard: run A's committer, paused while it holds the
+    sink lock in this server's life, is still ended when run B supersedes A."""
+    writer.lock_timeout_s = 1
+    with writer.committer() as paused:
+        lock = paused.backend.sink_lock(writer.sink)
+        lock.__enter__()
+        paused.register(writer.run, holds_lock=True, writer=None)
+        pid = rows(paused.backend.conn, "SELECT CONNECTION_ID()")[0][0]  # type: ignore[attr-defined]
+        writer.run = uuid.uuid4().hex  # run B
+        writer.batch(0, range(0, 3))  # waits 1 s, then ends A's session and commits
+        conn = connect(writer.url)
+        try:
+            gone = rows(
+                conn, "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (pid,)
+            )
+        finally:
+            conn.close()
+        assert gone == [(0,)]
+    assert (
+        ids_of(writer.url, writer.table) == [0, 1, 2] and prepared_of(writer.url, writer.sink) == []
+    )
