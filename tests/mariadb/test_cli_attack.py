@@ -345,3 +345,92 @@ def test_a_superseded_runs_lock_holder_of_this_server_life_is_still_ended(writer
     assert (
         ids_of(writer.url, writer.table) == [0, 1, 2] and prepared_of(writer.url, writer.sink) == []
     )
+
+
+# -- two recovers at once; recover while a live run's committer holds the lock --------------
+
+
+def test_two_recovers_at_once_finish_a_decided_batch_exactly_once(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """Both wait on the sink lock (held here), then race for it when it goes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    left = crash(writer, "after_decision", tmp_path)
+    holder = connect(writer.url)
+    try:
+        assert rows(holder, "SELECT GET_LOCK(%s, 0)", (lock_name(writer.sink),))[0][0] == 1
+        with ThreadPoolExecutor(2) as pool:
+            given = ("recover", "--json", "--sink-id", writer.sink, "--lock-timeout", "30")
+            futures = [pool.submit(cli, writer.url, *given) for _ in range(2)]
+            time.sleep(4)  # both started and waiting
+            rows(holder, "SELECT RELEASE_LOCK(%s)", (lock_name(writer.sink),))
+            done = [f.result(timeout=90) for f in futures]
+    finally:
+        holder.close()
+    docs = [document(d, "recover") for d in done]
+    assert [d.code for d in done] == [0, 0], [d.out + d.err for d in done]
+    results = sorted((a["gid"], a["result"]) for doc in docs for a in doc["actions"] if a["result"])
+    assert results == [(g, "committed") for g in left]  # each branch once, by one of them
+    assert prepared_of(writer.url, writer.sink) == [] and ids_of(writer.url, writer.table) == list(
+        range(30)
+    )
+
+
+def test_recover_leaves_a_live_runs_committer_holding_the_lock_and_names_it(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """A live run's committer holds the sink lock (committing): recover waits at most its
+    bound, names it as the sink's committer, ends nothing, changes nothing."""
+    left = crash(writer, "after_decision", tmp_path)  # (live_s=300: run A is live)
+    with writer.committer() as live, live.backend.sink_lock(writer.sink):
+        live.register(writer.run, holds_lock=True, writer=None)
+        pid = rows(live.backend.conn, "SELECT CONNECTION_ID()")[0][0]  # type: ignore[attr-defined]
+        done = cli(writer.url, "recover", "--sink-id", writer.sink, "--lock-timeout", "1")
+        said = done.out + done.err
+        assert done.code == 1, said
+        assert (
+            f"its lock is held by pid {pid} 'sqlsink {writer.sink} commit' "
+            "(role sink from 127.0.0.1, sleep)" in said
+        )
+        assert "ended" not in said
+        assert rows(live.backend.conn, "SELECT 1") == [(1,)]  # type: ignore[attr-defined]
+        assert prepared_of(writer.url, writer.sink) == left
+        assert ids_of(writer.url, writer.table) == []
+
+
+# -- the commit log's database absent (last: it drops and restores it) ----------------------
+
+
+def test_status_metrics_and_recover_without_the_commit_log_database(url: str) -> None:
+    from sqlsink.mariadb.schema import ensure_schema
+
+    conn = connect(url)
+    try:
+        assert rows(conn, "SELECT count(*) FROM sqlsink.decisions") == [(0,)]
+        assert xa_recover(url) == []  # (a prepared marker would hold the drop: bounded)
+        execute(conn, "SET SESSION lock_wait_timeout = 10")
+        execute(conn, "DROP DATABASE sqlsink")
+        absent = (
+            "the sqlsink schema (the commit log) is not installed in database sqlsink. Fix: "
+            "run the sink once (its planning creates database `sqlsink` and its tables), as a "
+            "user that may create databases; or grant the sink's user ALL on `sqlsink`.*. "
+            "Check also that --url names the sink's server"
+        )
+        for command in ("status", "recover"):
+            done = cli(url, command)
+            assert (done.code, done.out, done.err.strip()) == (
+                2,
+                "",
+                f"sqlsink {command}: error: {absent}",
+            )
+        doc = document(cli(url, "status", "--json"), "status")
+        assert doc["exit_code"] == 2 and doc["database"] == "sqlsink"
+        assert f"{doc['error']['message']}. Fix: {doc['error']['fix']}" == absent
+        metrics = cli(url, "metrics", "--once")
+        assert metrics.code == 2 and "sqlsink_up 0.0" in metrics.out
+        assert metrics.err.strip() == f"sqlsink metrics: scrape failed: {absent}"
+        assert rows(conn, "SHOW DATABASES LIKE 'sqlsink'") == []  # no command created it
+    finally:
+        ensure_schema(conn)
+        conn.close()
