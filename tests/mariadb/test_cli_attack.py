@@ -102,6 +102,32 @@ def test_a_recorded_checkpoint_loss_is_shown_by_status_and_metrics(
     assert ids_of(writer.url, writer.table) == [0, 1, 2]
 
 
+def test_a_fresh_streams_first_commit_shows_its_checkpoint_check(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """What the author saw as ``checkpoint_check: null``: the first commit of a fresh
+    stream runs the check (always due for a run never checked) and records it."""
+    checkpoint = make_checkpoint(tmp_path / "cp", "q1", [0], [])
+    outcomes = [writer.write(0, range(0, 3))]
+    with writer.committer() as committer:
+        committer.checkpoint_check = CheckpointCheck(
+            committer.backend,  # type: ignore[arg-type]
+            checkpoint_policy(str(checkpoint), CheckpointMode.WARN),
+        )
+        committer.commit_batch(0, outcomes, query_id="q1", run_id=writer.run)
+    done = cli(writer.url, "status", "--json", "--sink-id", writer.sink)
+    (sink,) = document(done, "status")["sinks"]
+    check = sink["checkpoint_check"]
+    assert check is not None and done.code == 0
+    assert (check["verdict"], check["run_id"], check["batch_id"], check["lost"]) == (
+        "verified",
+        writer.run,
+        0,
+        [],
+    )
+    assert check["location"] == str(checkpoint)
+
+
 # -- another application's XA branch beside the sink's --------------------------------------
 
 
@@ -434,3 +460,51 @@ def test_status_metrics_and_recover_without_the_commit_log_database(url: str) ->
     finally:
         ensure_schema(conn)
         conn.close()
+
+
+def test_recover_of_one_sink_never_touches_another_sinks_branches(url: str, tmp_path: Path) -> None:
+    ws = [Writer(url, f"t_{uuid.uuid4().hex[:8]}", new_sink(), live_s=LIVE_S) for _ in range(2)]
+    try:
+        lefts = []
+        for i, w in enumerate(ws):
+            make_table(url, w.table)
+            (tmp_path / str(i)).mkdir()
+            lefts.append(crash(w, "after_decision", tmp_path / str(i)))
+        done = document(cli(url, "recover", "--json", "--sink-id", ws[0].sink), "recover")
+        assert {a["gid"]: a["result"] for a in done["actions"] if a["result"]} == dict.fromkeys(
+            lefts[0], "committed"
+        )
+        others = [a for a in done["actions"] if a["sink_id"] == ws[1].sink]
+        assert {(a["action"], a["why"]) for a in others} <= {("leave", "other_sink")}
+        assert prepared_of(url, ws[0].sink) == [] and ids_of(url, ws[0].table) == list(range(30))
+        assert prepared_of(url, ws[1].sink) == lefts[1] and ids_of(url, ws[1].table) == []
+    finally:
+        for w in reversed(ws):  # (the one with prepared branches first: they hold locks)
+            forget_sink(url, w.sink)
+
+
+def test_forget_of_a_finished_sink_while_another_sink_has_prepared_branches(
+    url: str, tmp_path: Path
+) -> None:
+    """Its ``DELETE FROM markers WHERE sink_id`` waited (seen: 'Updating', more than 60 s)
+    on the marker rows the other sink's prepared branches lock, when the optimizer scanned
+    the table (after other tests of this file ran; not alone)."""
+    import subprocess
+
+    ws = [Writer(url, f"t_{uuid.uuid4().hex[:8]}", new_sink(), live_s=LIVE_S) for _ in range(2)]
+    try:
+        lefts = []
+        for i, w in enumerate(ws):
+            make_table(url, w.table)
+            (tmp_path / str(i)).mkdir()
+            lefts.append(crash(w, "after_decision", tmp_path / str(i)))
+        assert cli(url, "recover", "--sink-id", ws[0].sink).code == 0
+        try:
+            gone = sqlsink("forget", "--sink-id", ws[0].sink, "--url", url, timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("sqlsink forget waited more than 15 s")
+        assert gone.code == 0, gone.out + gone.err
+        assert prepared_of(url, ws[1].sink) == lefts[1] and ids_of(url, ws[1].table) == []
+    finally:
+        for w in reversed(ws):
+            forget_sink(url, w.sink)
