@@ -21,6 +21,7 @@ import bisect
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from sqlsink.cli.connect import checks_recorded
 from sqlsink.cli.loss import confirmed_losses
 from sqlsink.cli.runs import stranded_reason
 from sqlsink.cli.status_json import sink_names, sort_prepared
@@ -159,7 +160,7 @@ def read(conn: AdminSession, totals: Totals) -> Reading:
     names = sink_names(rows, ours, incomplete, None, me.database)
     runs = conn.runs(None)  # newest first within each sink
     backend = conn.two_phase()
-    checks = conn.schema_version() >= 4
+    checks = checks_recorded(conn)
     readings = []
     for sink_id in sorted(names):
         recent = conn.recent_decisions(sink_id, 1)

@@ -403,6 +403,11 @@ def _explain(exc: Exception, url: str | None) -> tuple[str, str | None, int] | N
     if failed.fault is DriverFault.PRIVILEGE:
         message = diag if diag.startswith("permission denied") else f"permission denied: {diag}"
         fix = "connect as the sink's role (the owner of the sqlsink schema) or a superuser"
+        if database.name != "PostgreSQL":  # no schema owner nor superuser there
+            fix = (
+                "connect as the sink's user (the one its queries connect as), or grant this "
+                "user what the message names (ALL on `sqlsink`.* for the commit log)"
+            )
         return message, fix, EXIT_ERROR
     if failed.fault is DriverFault.UNDEFINED_TABLE:
         message = f"the sqlsink commit log is incomplete: {diag}"

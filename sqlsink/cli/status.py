@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlsink.cli.connect import identify, open_connection, require_schema
+from sqlsink.cli.connect import checks_recorded, identify, open_connection, require_schema
 from sqlsink.cli.contract import (
     CheckpointCheckJson,
     Envelope,
@@ -167,7 +167,7 @@ class StatusScan:
     def _checkpoint_check(self, sink_id: str) -> CheckpointCheckJson | None:
         """The newest run's checkpoint check (schema 4 on); a loss is an error, an
         unverified checkpoint a warning (docs/DESIGN.md invariant 9)."""
-        if self.conn.schema_version() < 4:
+        if not checks_recorded(self.conn):
             return None
         checks = [c for c in self.conn.checkpoint_checks(sink_id, 1) if c.newest]
         if not checks:

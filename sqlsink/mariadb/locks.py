@@ -50,6 +50,18 @@ def _take(conn: Connection, db: str, sink_id: str | None, timeout_s: float) -> b
     return ok
 
 
+def uptime_s(conn: Connection) -> int:
+    """Whole seconds since mariadbd started. A run's ``lock_conn`` recorded before then
+    (its ``heartbeat_at``, set in the same statement, is older) names a connection of a
+    server that is gone: connection ids count again from 1 after a restart, so it may
+    name an innocent session now."""
+    return int(str(rows(conn, "SHOW GLOBAL STATUS LIKE 'Uptime'")[0][1]))
+
+
+# a runs row ``r`` whose lock_conn was recorded since the server started
+RECORDED_SINCE_START = "r.heartbeat_at >= current_timestamp(6) - INTERVAL %(uptime)s SECOND"
+
+
 def _me(conn: Connection) -> int:
     return int(rows(conn, "SELECT CONNECTION_ID()")[0][0])
 
@@ -126,9 +138,10 @@ def end_fenced_holders(conn: Connection, db: str, sink_id: str | None) -> list[i
         conn,
         f"SELECT run_id FROM `{db}`.runs r WHERE r.sink_id = %(sink)s "
         "AND r.superseded_at IS NOT NULL AND r.lock_conn = %(conn)s "
+        f"AND {RECORDED_SINCE_START} "
         f"AND NOT EXISTS (SELECT 1 FROM `{db}`.runs o WHERE o.sink_id = r.sink_id "
         "                 AND o.superseded_at IS NULL AND o.lock_conn = %(conn)s)",
-        {"sink": sink_id, "conn": holder},
+        {"sink": sink_id, "conn": holder, "uptime": uptime_s(conn)},
     )
     if not found:
         return []

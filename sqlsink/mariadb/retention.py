@@ -79,9 +79,10 @@ def forget_sink(conn: Connection, db: str, sink_id: str, prepared: list[str]) ->
     try:
         execute(conn, "SET @sqlsink_forget = %s", (sink_id,))
         deleted = 0
-        for table in ("handovers", "markers", "decisions", "runs", "sinks"):
+        for table in ("handovers", "decisions", "runs", "sinks"):
             count = execute(conn, f"DELETE FROM `{db}`.{table} WHERE sink_id = %s", (sink_id,))
             deleted = count if table == "decisions" else deleted
+        _delete_markers(conn, db, sink_id)
         execute(conn, "COMMIT")
     except BaseException:
         if conn.open:
@@ -91,6 +92,22 @@ def forget_sink(conn: Connection, db: str, sink_id: str, prepared: list[str]) ->
         if conn.open:
             execute(conn, "SET @sqlsink_forget = NULL")
     return deleted
+
+
+def _delete_markers(conn: Connection, db: str, sink_id: str) -> None:
+    """The sink's markers by their primary key: a ``DELETE ... WHERE sink_id`` may scan
+    (the optimizer's choice on a small table) and wait on the marker rows another sink's
+    prepared branches hold locked, for as long as those stay prepared. The read takes no
+    lock (READ COMMITTED); no marker of this sink comes meanwhile (the caller holds the
+    sink lock and refused a live run or a prepared branch)."""
+    gids = [
+        str(r[0])
+        for r in rows(conn, f"SELECT gid FROM `{db}`.markers WHERE sink_id = %s", (sink_id,))
+    ]
+    for start in range(0, len(gids), 500):
+        chunk = gids[start : start + 500]
+        marks = ", ".join(["%s"] * len(chunk))
+        execute(conn, f"DELETE FROM `{db}`.markers WHERE gid IN ({marks})", chunk)
 
 
 def run_check(conn: Connection, db: str, sink_id: str, run_id: str) -> RunCheck:

@@ -273,7 +273,9 @@ def sqlsink_sessions(conn: Connection, db: str) -> list[Session]:
             conn,
             f"SELECT DISTINCT r.sink_id, {_PROCESS} FROM `{db}`.runs r "
             "JOIN information_schema.PROCESSLIST p ON p.ID = r.lock_conn "
-            "WHERE r.superseded_at IS NULL AND p.ID <> CONNECTION_ID() ORDER BY p.ID",
+            f"WHERE r.superseded_at IS NULL AND {locks.RECORDED_SINCE_START} "
+            "AND p.ID <> CONNECTION_ID() ORDER BY p.ID",
+            {"uptime": locks.uptime_s(conn)},
         )
     except Exception as exc:
         if errno(exc) in (1146, 1049):  # no commit log (yet): no session of a sink
@@ -295,11 +297,11 @@ def lock_holders(conn: Connection, db: str, sink_id: str) -> list[Session]:
     sink's committer when a run of the sink records it as its lock holder."""
     found = rows(
         conn,
-        f"SELECT {_PROCESS}, EXISTS (SELECT 1 FROM `{db}`.runs r WHERE r.sink_id = %s "
-        "                          AND r.lock_conn = p.ID) "
-        "FROM information_schema.PROCESSLIST p "
-        "WHERE p.ID = IS_USED_LOCK(%s) AND p.ID <> CONNECTION_ID()",
-        (sink_id, locks.lock_name(sink_id)),
+        f"SELECT {_PROCESS}, EXISTS (SELECT 1 FROM `{db}`.runs r "
+        "WHERE r.sink_id = %(sink)s AND r.lock_conn = p.ID "
+        f"AND {locks.RECORDED_SINCE_START}) FROM information_schema.PROCESSLIST p "
+        "WHERE p.ID = IS_USED_LOCK(%(lock)s) AND p.ID <> CONNECTION_ID()",
+        {"sink": sink_id, "lock": locks.lock_name(sink_id), "uptime": locks.uptime_s(conn)},
     )
     return [_session(committer_name(sink_id) if r[5] else "", tuple(r[:5])) for r in found]
 
