@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlsink.backends import open_database
 from sqlsink.cli.contract import Envelope
 from sqlsink.cli.output import CliError
-from sqlsink.core.admin import POSTGRES_TERMS, AdminSession, RoleInfo
+from sqlsink.core.admin import AdminSession, RoleInfo
 
 
 def open_connection(url: str, command: str, password_command: str | None = None) -> AdminSession:
@@ -35,7 +35,6 @@ def require_schema(conn: AdminSession, me: RoleInfo) -> None:
 
 
 def checks_recorded(conn: AdminSession) -> bool:
-    """Whether the commit log keeps the checkpoint check's verdicts: PostgreSQL's from
-    its schema 4 on; every other database's log since its first schema (its versions
-    count apart from PostgreSQL's: MariaDB's first has the columns)."""
-    return conn.terms() != POSTGRES_TERMS or conn.schema_version() >= 4
+    """Whether the commit log keeps the checkpoint check's verdicts (each database's
+    schema numbering is its own)."""
+    return conn.checkpoint_checks_recorded()

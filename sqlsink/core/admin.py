@@ -255,6 +255,12 @@ class AdminSession(Protocol):
         """The commit log's schema version; 0 when not installed."""
         ...
 
+    def checkpoint_checks_recorded(self) -> bool:
+        """Whether the commit log keeps the checkpoint check's verdicts (its version is
+        the database's own numbering: PostgreSQL's from schema 4, MariaDB's from its
+        first)."""
+        ...
+
     def schema_fix(self) -> str:
         """How to install the commit log's schema, for the error that says it is missing."""
         ...

@@ -75,6 +75,9 @@ class PostgresAdmin(AdminSession):
     def schema_version(self) -> int:
         return decisions.schema_version(self.conn)
 
+    def checkpoint_checks_recorded(self) -> bool:
+        return self.schema_version() >= 4
+
     def schema_fix(self) -> str:
         return schema_fix()
 
