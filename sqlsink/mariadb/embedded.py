@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -238,7 +239,11 @@ class EmbeddedMariaDB:
         once, so that a stop during the wait finds it."""
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         prefix: list[str] = []
-        if setpriv := shutil.which("setpriv"):  # killed with its owner, never an orphan
+        # killed with its owner, never an orphan; but the death signal fires when the
+        # *thread* that started it ends, so only a start from the main thread asks for it
+        # (a server a helper thread restarts must outlive that thread)
+        main = threading.current_thread() is threading.main_thread()
+        if main and (setpriv := shutil.which("setpriv")):
             prefix = [setpriv, "--pdeathsig", "KILL", "--"]
         with open(self.base_dir / "mariadbd.out", "ab") as out:
             proc = subprocess.Popen(

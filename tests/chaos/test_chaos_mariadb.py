@@ -17,21 +17,32 @@ and again from one checkpoint until the source is drained. Every run draws its t
   died, when the dead run's branches are mostly still prepared);
 - a paused driver: frozen with SIGSTOP at a protocol step or at a random moment, a
   second run started on the same checkpoint (it fences the first), then the first
-  resumed with SIGCONT: it must fail with the fenced error and change nothing.
+  resumed with SIGCONT: it must fail with the fenced error and change nothing;
+- ``sqlsink recover`` (the real CLI on the MariaDB URL, without ``--force``) beside a
+  live run: it must end within its ``--lock-timeout`` and a bound, name the holder
+  when it refuses for the held lock, and never finish a branch of the live run (no
+  rollback of an undecided one, no commit of a branch whose batch has no decision).
 
-Then, exactly: every record once in the table, none of the sink's branches left in
-``XA RECOVER``, Spark's commit log and the sink's decisions naming the same batches,
-all complete. A decided branch that a server crash lost must be reported as data loss
-by the next run (``DataLossError``, naming batch and partition, every run again), never
-a silent gap: the round then checks that the missing rows are of the reported batches
-only, counts them, and ends there (draining needs the operator).
+Rounds alternate between append and upsert mode (``mode=upsert`` on a table with a
+primary key; every batch overlaps the next by a third of its keys with new values,
+tests/chaos/drivers.py), starting from the seed's mode. Then, exactly: the table a
+clean run leaves (append: every record once; upsert: each key's last version), none
+of the sink's branches left in ``XA RECOVER``, Spark's commit log and the sink's
+decisions naming the same batches, all complete, and ``sqlsink status`` exits 0. A
+decided branch that a server crash lost must be reported as data loss by the next run
+(``DataLossError``, naming batch and partition, every run again), never a silent gap:
+the round then checks that the rows that differ from a clean run's are of the reported
+batches only, counts them, and ends there (draining needs the operator).
 
-Not on MariaDB (refused by the backend, or not built yet): the consistent view (so no
-reader beside the round), ``sqlsink recover`` beside a live run (MariaDB's admin
-commands), upsert mode. The first run of every round is a paused one whose second run
-has a session cut mid-load, is killed at a protocol step and is followed by a server
-crash, so that the default single round has each kind of trouble; in that quick
-default (``--chaos-rounds 1``) the next run has no trouble and must drain.
+Not on MariaDB (refused by the backend): the consistent view, so no reader beside the
+round. The first run of every round is a paused one whose second run has a session cut
+mid-load, is killed at a protocol step, has ``sqlsink recover`` beside it and is
+followed by a server crash, so that the default single round has each kind of
+trouble; in that quick default (``--chaos-rounds 1``, one round in the seed's mode: a
+round takes 85-100 s on a loaded machine, both would exceed two minutes) the next run
+has no trouble but ``sqlsink recover`` beside it and must drain (the first recover
+mostly finds the paused driver holding the sink's lock and refuses; this one meets a
+live run alone).
 
     pytest tests/chaos/test_chaos_mariadb.py --chaos-rounds 12 --chaos-seed 7 -s --timeout 0
 """
@@ -43,6 +54,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -57,7 +69,7 @@ from sqlsink.core.gid import Gid
 from sqlsink.mariadb import xid
 from tests.chaos.drivers import (
     BATCHES,
-    PER_BATCH,
+    REPO,
     expected_table,
     fired_faults,
     freeze_session,
@@ -85,6 +97,10 @@ CUT_WAIT_S = 30.0  # a cut at a random moment waits this long for a session of t
 DATA_LOSS = "data loss: decided transaction(s) are neither prepared nor committed"
 LOST_RE = re.compile(r"batch (\d+) partition (\d+) \(([^)]+)\)")
 NO_TABLE = 1146  # ER_NO_SUCH_TABLE
+RECOVER_P = 0.35  # sqlsink recover (the real CLI, without --force) beside a live run
+RECOVER_LOCK_TIMEOUT_S = 10.0  # its --lock-timeout: a committer holds the sink lock
+RECOVER_GRACE_S = 60.0  # its bound beyond that: start, survey, report (a loaded machine)
+LIVE_ROLLBACK = "is undecided"  # a rollback for this reason of a live run's gid is a bug
 
 
 @dataclass
@@ -105,6 +121,10 @@ class Tally:
     data_loss_reports: int = 0  # runs that ended with DataLossError
     lost_branches: int = 0  # decided branches a crash lost (each reported loudly)
     lost_rows: int = 0
+    recovers: Counter[str] = field(default_factory=Counter)  # recover's status beside a run
+    recovers_waited: int = 0  # recovers that found the sink's lock held, and waited
+    recovers_left_live: int = 0  # recovers that left branches of the live run
+    recover_longest_s: float = 0.0
 
     def line(self) -> str:
         return (
@@ -116,7 +136,10 @@ class Tally:
             f"{self.retry_runs} (a failure after PREPARE in {self.retries_after_prepare}), "
             f"paused drivers {sum(self.paused.values())} {dict(self.paused)} "
             f"{dict(self.zombies)}, data loss reported {self.data_loss_reports} times "
-            f"({self.lost_branches} branches, {self.lost_rows} rows)"
+            f"({self.lost_branches} branches, {self.lost_rows} rows), recover beside a live "
+            f"run {sum(self.recovers.values())} {dict(self.recovers)} (waited for the lock "
+            f"{self.recovers_waited}, left the live run's branches {self.recovers_left_live}, "
+            f"longest {self.recover_longest_s:.0f} s)"
         )
 
 
@@ -253,6 +276,7 @@ class Trouble:
     cut_at: float | None = None
     crash_at: float | None = None
     crash_after: bool = False  # crash the server after the run, whatever it drew
+    recover_at: list[float] = field(default_factory=list)  # sqlsink recover beside it
 
     def errors(self) -> bool:
         cut = any(f["action"] == "terminate" for f in self.faults)
@@ -281,6 +305,7 @@ def draw_trouble(
              "once": True},
         ]  # fmt: skip
         trouble.master, trouble.crash_after = RETRY_MASTER, True
+        trouble.recover_at = [rng.uniform(3, 12)]
         return trouble
     roll = rng.random()
     if roll < 0.6:  # a kill at a protocol step of a pending batch
@@ -314,7 +339,19 @@ def draw_trouble(
         )
     trouble.cut_at = rng.uniform(8, 30) if rng.random() < 0.2 else None
     trouble.crash_at = rng.uniform(8, 30) if rng.random() < 0.15 else None
+    if rng.random() < RECOVER_P:
+        trouble.recover_at = sorted(rng.uniform(4, 35) for _ in range(rng.choice([1, 2, 3])))
     return trouble
+
+
+@dataclass
+class Recover:
+    """One ``sqlsink recover`` beside a live run."""
+
+    process: subprocess.Popen[str]
+    out: Path
+    err: Path
+    started: float  # time.time()
 
 
 def last_error(stderr: str) -> str:
@@ -340,12 +377,14 @@ class Round:
         tmp: Path,
         server: MariaServer,
         table: str,
+        mode: str,
         tally: Tally,
         points: tuple[str, ...],
         number: int,
     ) -> None:
         self.rng, self.seed, self.tmp, self.server = rng, seed, tmp, server
-        self.table, self.tally, self.points, self.round_number = table, tally, points, number
+        self.table, self.mode, self.tally = table, mode, tally
+        self.points, self.round_number = points, number
         self.url = server.url()
         self.number = 0
         self.lost: list[tuple[int, int, str]] = []  # (batch, partition, gid) reported lost
@@ -360,8 +399,8 @@ class Round:
         return [b for b in pending if b not in made] or pending
 
     def one_run(self, forced: str | None = None) -> bool:
-        if forced == "calm":  # no trouble: it must drain what the chaos left
-            drained = self.run(Trouble())
+        if forced == "calm":  # no trouble but recover beside it: it must drain
+            drained = self.run(Trouble(recover_at=[self.rng.uniform(3, 10)]))
             assert drained or self.lost, f"a run without trouble did not drain: {self.tally.line()}"
             return drained
         if forced == "pause" or (forced is None and self.rng.random() < PAUSE_P):
@@ -374,18 +413,21 @@ class Round:
         self.number += 1
         name = f"run-{self.number}"
         tally, server, tmp = self.tally, self.server, self.tmp
+        runs_before = set(runs_of(server, sink_of(tmp)))
         driver = start_driver(
-            tmp, self.url, self.table, trouble.faults, "append", name=name,
+            tmp, self.url, self.table, trouble.faults, self.mode, name=name,
             master=trouble.master, options=options,
         )  # fmt: skip
         tally.runs += 1
         tally.retry_runs += trouble.master == RETRY_MASTER
         stop = threading.Event()
         helper_errors: list[BaseException] = []
+        recovers: list[Recover] = []
 
         def helper() -> None:
             started = time.monotonic()
             cut_at, crash_at = trouble.cut_at, trouble.crash_at
+            recover_at = list(trouble.recover_at)
             try:
                 while not stop.wait(0.2):
                     elapsed = time.monotonic() - started
@@ -409,6 +451,10 @@ class Round:
                         crash(server, tally, sink_of(tmp))
                         tally.crashes_mid_run += 1
                         crash_at = None
+                    if recover_at and elapsed > recover_at[0]:
+                        recover_at.pop(0)
+                        if driver.poll() is None and (sink := sink_of(tmp)) is not None:
+                            recovers.append(self.start_recover(sink, f"{name}-{len(recovers)}"))
             except BaseException as exc:  # raised in the test's thread below
                 helper_errors.append(exc)
 
@@ -439,6 +485,9 @@ class Round:
                 raised = [f for f in fired if f["action"] == "raise"]
                 if not (raised and trouble.master != RETRY_MASTER):
                     self.unexplained.append(f"{name}: {last_error(stderr)} ({tmp / name}.log)")
+        # this driver's runs: what registered while it ran (a paused zombie's before it)
+        live = set(runs_of(server, sink_of(tmp))) - runs_before
+        self.judge_recovers(recovers, live, stderr, trouble.errors())
         if DATA_LOSS in stderr:
             tally.data_loss_reports += 1
             self.lost = [(int(b), int(p), g) for b, p, g in LOST_RE.findall(stderr)]
@@ -465,6 +514,88 @@ class Round:
             f"{self.tmp}); {self.tally.line()}\n--- driver stderr (end) ---\n{stderr[-6000:]}"
         )
 
+    # -- recover beside a live run ----------------------------------------------------------
+
+    def start_recover(self, sink_id: str, name: str) -> Recover:
+        out, err = self.tmp / f"recover-{name}.json", self.tmp / f"recover-{name}.log"
+        command = [
+            sys.executable, "-m", "sqlsink", "recover", "--url", self.url, "--sink-id", sink_id,
+            "--lock-timeout", f"{RECOVER_LOCK_TIMEOUT_S:g}s", "--json",
+        ]  # fmt: skip
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            process = subprocess.Popen(
+                command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                text=True,
+            )  # fmt: skip
+        return Recover(process, out, err, time.time())
+
+    def judge_recovers(
+        self, recovers: list[Recover], live: set[str], stderr: str, errors: bool
+    ) -> None:
+        """Recover beside a live run: it ends within its lock timeout and a bound; a
+        refusal for the held lock names the holder; resolving what dead runs left is fine;
+        rolling back (or committing) a branch of the live run is not. ``errors``: the run's
+        trouble may cut recover's session too (or restart mariadbd under it)."""
+        for recover in recovers:
+            try:
+                recover.process.wait(timeout=RECOVER_LOCK_TIMEOUT_S + RECOVER_GRACE_S)
+            except subprocess.TimeoutExpired:
+                recover.process.kill()
+                recover.process.wait()
+                raise AssertionError(
+                    self.failure(
+                        f"sqlsink recover beside a live run did not end within "
+                        f"{RECOVER_LOCK_TIMEOUT_S + RECOVER_GRACE_S:g} s of the test's wait "
+                        f"({recover.err.read_text()[-2000:]})",
+                        stderr,
+                    )
+                ) from None
+            took = recover.out.stat().st_mtime - recover.started  # (its last write)
+            self.tally.recover_longest_s = max(self.tally.recover_longest_s, took)
+            answer = recover.out.read_text() + recover.err.read_text()
+            assert took <= RECOVER_LOCK_TIMEOUT_S + RECOVER_GRACE_S, self.failure(
+                f"sqlsink recover beside a live run took {took:.0f} s: {answer[-3000:]}", stderr
+            )
+            try:
+                doc = json.loads(recover.out.read_text())
+            except ValueError:
+                doc = {"error": "no JSON document"}
+            for sink in doc.get("sinks", []):
+                self.tally.recovers[str(sink["status"])] += 1
+                self.tally.recovers_waited += sink["lock"] == "held"
+                if sink["status"] == "refused" and "still held after" in str(sink["message"]):
+                    assert sink["lock_holders"] and "held by" in str(sink["message"]), self.failure(
+                        f"sqlsink recover refused for the held lock without naming its "
+                        f"holder: {json.dumps(sink)[:3000]}",
+                        stderr,
+                    )
+            if doc.get("error"):
+                self.tally.recovers["error"] += 1
+                assert errors, self.failure(f"sqlsink recover failed: {answer[-3000:]}", stderr)
+            actions = doc.get("actions", [])
+            self.tally.recovers_left_live += any(
+                a["action"] == "leave" and a["run_id"] in live for a in actions
+            )
+            wrong = [
+                a
+                for a in actions
+                if a["run_id"] in live
+                and (
+                    (a["result"] == "rolled back" and LIVE_ROLLBACK in str(a["reason"]))
+                    or (a["result"] == "committed" and not self.decided(a["batch_id"]))
+                )
+            ]
+            assert not wrong, self.failure(
+                f"sqlsink recover (without --force) finished the live run's branches "
+                f"{[(a['gid'], a['result'], a['reason']) for a in wrong]}; recover's report: "
+                f"{json.dumps(doc)[:3000]}",
+                stderr,
+            )
+
+    def decided(self, batch: int | None) -> bool:
+        """Whether the batch has a decision (committing its branch is then completion)."""
+        return batch in decisions(self.server, sink_of(self.tmp))
+
     # -- a paused driver and a second run on the same checkpoint ---------------------------
 
     def paused_run(self, forced: bool) -> bool:
@@ -488,7 +619,7 @@ class Round:
         else:
             where, pause_after = "random moment", rng.uniform(4, 14)
         zombie = start_driver(
-            tmp, self.url, self.table, faults, "append", name=name,
+            tmp, self.url, self.table, faults, self.mode, name=name,
             options={"lockTimeout": FENCING_LOCK_TIMEOUT},
         )  # fmt: skip
         tally.runs += 1
@@ -567,13 +698,14 @@ class Round:
 # -- the checks ------------------------------------------------------------------------
 
 
-def check_exactly_once(server: MariaServer, tmp: Path, table: str) -> None:
+def check_exactly_once(server: MariaServer, tmp: Path, table: str, mode: str) -> None:
     rows = table_rows(server, table)
     ids = [i for i, _ in rows]
-    clean = expected_table("append", tmp / "chk")
+    clean = expected_table(mode, tmp / "chk")
     duplicates = len(ids) - len(set(ids))
     missing = sorted(set(clean) - set(ids))
     assert (duplicates, missing[:10]) == (0, []), f"{duplicates} duplicates, missing {missing[:10]}"
+    assert ids == sorted(clean), f"keys beyond a clean run's: {sorted(set(ids) - set(clean))[:10]}"
     assert dict(rows) == clean, "the table differs from a clean run's"
     sink_id = query_id(tmp / "chk")
     assert [str(g) for g in branches(server, sink_id)] == [], "branches left in XA RECOVER"
@@ -581,11 +713,21 @@ def check_exactly_once(server: MariaServer, tmp: Path, table: str) -> None:
     spark_committed = {int(p.name) for p in (tmp / "chk" / "commits").iterdir() if p.name.isdigit()}
     assert spark_committed == set(made), f"commits/ {sorted(spark_committed)}, decided {made}"
     assert all(complete for _, complete in made.values()), f"incomplete decisions: {made}"
+    status = subprocess.run(
+        [sys.executable, "-m", "sqlsink", "status", "--url", server.url(), "--sink-id", sink_id],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stdout + status.stderr
+
+
+def keys_of(mode: str, batches: set[int]) -> set[int]:
+    return {r["id"] for b, batch in enumerate(source_batches(mode)) if b in batches for r in batch}
 
 
 def check_loss_reported(chaos: Round) -> None:
     """A decided branch a crash lost: the next run reports it again (loud every time),
-    and the rows missing from the table are of the reported batches only."""
+    and the rows that differ from a clean run's (missing, or an older version of the key
+    in upsert mode) are of the reported batches only."""
     first = sorted(chaos.lost)
     chaos.lost = []
     chaos.run(Trouble())
@@ -595,24 +737,32 @@ def check_loss_reported(chaos: Round) -> None:
     rows = table_rows(chaos.server, chaos.table)
     ids = [i for i, _ in rows]
     assert len(ids) == len(set(ids)), "duplicates beside a data loss"
-    clean = expected_table("append", chaos.tmp / "chk")
-    missing = set(clean) - set(ids)
+    clean = expected_table(chaos.mode, chaos.tmp / "chk")
+    found = dict(rows)
+    differ = {k for k in set(clean) | set(found) if clean.get(k) != found.get(k)}
     lost_batches = {b for b, _, _ in first}
-    assert missing, f"data loss reported ({first}) but no row is missing"
-    assert {i // PER_BATCH for i in missing} <= lost_batches, (
-        f"rows missing outside the batches reported lost {sorted(lost_batches)}: "
-        f"{sorted(missing)[:20]}"
+    assert differ, f"data loss reported ({first}) but the table is a clean run's"
+    outside = differ - keys_of(chaos.mode, lost_batches)
+    assert not outside, (
+        f"rows differ outside the batches reported lost {sorted(lost_batches)}: "
+        f"{sorted(outside)[:20]}"
     )
     # (what the loss leaves in XA RECOVER: nothing of the lost batches, it was resolved)
     left = [g for g in branches(chaos.server, query_id(chaos.tmp / "chk"))]
     assert all(g.batch_id not in lost_batches for g in left), left
     chaos.tally.lost_branches += len(first)
-    chaos.tally.lost_rows += len(missing)
+    chaos.tally.lost_rows += len(differ)
+
+
+MODES = ("append", "upsert")
 
 
 def test_chaos_mariadb(
     request: pytest.FixtureRequest, tmp_path: Path, mariadb_server: MariaServer
 ) -> None:
+    """Rounds in both modes, alternating by round from the seed's: a long run
+    (``--chaos-rounds N``) has both; the quick default (one round) has the seed's mode,
+    so that it stays near two minutes on a loaded machine (a round takes 85-100 s)."""
     if mariadb_server.process is None:
         pytest.skip("only a server this run started can be crashed (SQLSINK_TEST_MARIADB_URL)")
     rounds = request.config.getoption("--chaos-rounds")
@@ -620,15 +770,25 @@ def test_chaos_mariadb(
     seed = seed if seed is not None else random.randrange(10**6)
     points = kill_points(request.config.getoption("--chaos-kill-weights"))
     rng = random.Random(f"{seed}-mariadb")
-    tally = Tally()
+    tallies = {mode: Tally() for mode in MODES}
+    rounds_of: Counter[str] = Counter()
     unexplained: list[str] = []
     started = time.monotonic()
+    took: Counter[str] = Counter()
     base = f"c_{uuid.uuid4().hex[:8]}"
     for number in range(rounds):
+        mode = MODES[(seed + number) % 2]
+        tally, began = tallies[mode], time.monotonic()
         tmp = tmp_path / f"round-{number}"
         table = f"{base}_{number}"
-        write_records(tmp / "src", source_batches("append"))
-        chaos = Round(rng, seed, tmp, mariadb_server, table, tally, points, number)
+        write_records(tmp / "src", source_batches(mode))
+        if mode == "upsert":  # the key: the table's primary key
+            query(
+                mariadb_server,
+                f"CREATE TABLE `{TARGET_DB}`.`{table}` (id BIGINT PRIMARY KEY, payload TEXT, "
+                "ts DATETIME(6), amount DOUBLE)",
+            )
+        chaos = Round(rng, seed, tmp, mariadb_server, table, mode, tally, points, number)
         for attempt in range(MAX_RUNS):
             # (the quick default, one round: a calm run after the forced pause)
             calm = "calm" if rounds == 1 and attempt == 1 else None
@@ -637,22 +797,33 @@ def test_chaos_mariadb(
                 check_loss_reported(chaos)
                 break
             if drained:
-                check_exactly_once(mariadb_server, tmp, table)
+                check_exactly_once(mariadb_server, tmp, table, mode)
                 break
         else:
             pytest.fail(
-                f"round {number} did not drain in {MAX_RUNS} runs (seed {seed}): {tally.line()}"
+                f"{mode} round {number} did not drain in {MAX_RUNS} runs (seed {seed}): "
+                f"{tally.line()}"
             )
         unexplained += chaos.unexplained
+        rounds_of[mode] += 1
+        took[mode] += int(time.monotonic() - began)
         print(
-            f"\nchaos mariadb round {number} {'data loss reported' if chaos.lost else 'clean'} "
-            f"({time.monotonic() - started:.0f} s): {tally.line()}",
+            f"\nchaos mariadb round {number} ({mode}) "
+            f"{'data loss reported' if chaos.lost else 'clean'} "
+            f"({time.monotonic() - began:.0f} s): {tally.line()}",
             flush=True,
         )
-    failures = "; ".join(f"{n} x {e}" for e, n in tally.failures.most_common())
+    for mode in MODES:
+        if not rounds_of[mode]:
+            continue
+        tally = tallies[mode]
+        failures = "; ".join(f"{n} x {e}" for e, n in tally.failures.most_common())
+        print(
+            f"\nchaos mariadb {mode}: seed {seed}, rounds {rounds_of[mode]}, {took[mode]} s: "
+            f"{tally.line()}; duplicates 0, lost rows {tally.lost_rows}, prepared left 0; "
+            f"failures seen: {failures or 'none'}"
+        )
     print(
-        f"\nchaos mariadb: seed {seed}, rounds {rounds}, {time.monotonic() - started:.0f} s: "
-        f"{tally.line()}; duplicates 0, lost rows {tally.lost_rows}, prepared left 0; "
-        f"failures seen: {failures or 'none'}; failed with no trouble to fail them: "
-        f"{unexplained or 'none'}"
+        f"\nchaos mariadb: seed {seed}, rounds {rounds}, {time.monotonic() - started:.0f} s; "
+        f"failed with no trouble to fail them: {unexplained or 'none'}"
     )
