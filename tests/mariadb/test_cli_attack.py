@@ -9,6 +9,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from sqlsink.core.checkpoint_check import CheckpointCheck, CheckpointMode
 from sqlsink.errors import DataLossError
 from sqlsink.mariadb.connection import connect, execute, rows
 from sqlsink.mariadb.locks import lock_name
-from tests.fix_mariadb import MariaServer
+from tests.fix_mariadb import MariaServer, _own_server
 from tests.mariadb.protocol import Writer, forget_sink, ids_of, make_table, new_sink, prepared_of
 from tests.mariadb.test_cli import LIVE_S, crash, document
 from tests.pg.test_cli import Result, make_checkpoint, sqlsink
@@ -428,38 +429,42 @@ def test_recover_leaves_a_live_runs_committer_holding_the_lock_and_names_it(
 # -- the commit log's database absent (last: it drops and restores it) ----------------------
 
 
-def test_status_metrics_and_recover_without_the_commit_log_database(url: str) -> None:
+def test_status_metrics_and_recover_without_the_commit_log_database(tmp_path: Path) -> None:
+    """On a server of its own: it drops the commit log's database, which the other sinks
+    of the session's shared server keep (in a whole run they hold decisions there)."""
     from sqlsink.mariadb.schema import ensure_schema
 
-    conn = connect(url)
-    try:
-        assert rows(conn, "SELECT count(*) FROM sqlsink.decisions") == [(0,)]
-        assert xa_recover(url) == []  # (a prepared marker would hold the drop: bounded)
-        execute(conn, "SET SESSION lock_wait_timeout = 10")
-        execute(conn, "DROP DATABASE sqlsink")
-        absent = (
-            "the sqlsink schema (the commit log) is not installed in database sqlsink. Fix: "
-            "run the sink once (its planning creates database `sqlsink` and its tables), as a "
-            "user that may create databases; or grant the sink's user ALL on `sqlsink`.*. "
-            "Check also that --url names the sink's server"
-        )
-        for command in ("status", "recover"):
-            done = cli(url, command)
-            assert (done.code, done.out, done.err.strip()) == (
-                2,
-                "",
-                f"sqlsink {command}: error: {absent}",
+    with contextmanager(_own_server)(tmp_path / "own") as server:
+        url = server.url()
+        conn = connect(url)
+        try:
+            ensure_schema(conn)
+            assert rows(conn, "SELECT count(*) FROM sqlsink.decisions") == [(0,)]
+            assert xa_recover(url) == []
+            execute(conn, "SET SESSION lock_wait_timeout = 10")
+            execute(conn, "DROP DATABASE sqlsink")
+            absent = (
+                "the sqlsink schema (the commit log) is not installed in database sqlsink. "
+                "Fix: run the sink once (its planning creates database `sqlsink` and its "
+                "tables), as a user that may create databases; or grant the sink's user ALL "
+                "on `sqlsink`.*. Check also that --url names the sink's server"
             )
-        doc = document(cli(url, "status", "--json"), "status")
-        assert doc["exit_code"] == 2 and doc["database"] == "sqlsink"
-        assert f"{doc['error']['message']}. Fix: {doc['error']['fix']}" == absent
-        metrics = cli(url, "metrics", "--once")
-        assert metrics.code == 2 and "sqlsink_up 0.0" in metrics.out
-        assert metrics.err.strip() == f"sqlsink metrics: scrape failed: {absent}"
-        assert rows(conn, "SHOW DATABASES LIKE 'sqlsink'") == []  # no command created it
-    finally:
-        ensure_schema(conn)
-        conn.close()
+            for command in ("status", "recover"):
+                done = cli(url, command)
+                assert (done.code, done.out, done.err.strip()) == (
+                    2,
+                    "",
+                    f"sqlsink {command}: error: {absent}",
+                )
+            doc = document(cli(url, "status", "--json"), "status")
+            assert doc["exit_code"] == 2 and doc["database"] == "sqlsink"
+            assert f"{doc['error']['message']}. Fix: {doc['error']['fix']}" == absent
+            metrics = cli(url, "metrics", "--once")
+            assert metrics.code == 2 and "sqlsink_up 0.0" in metrics.out
+            assert metrics.err.strip() == f"sqlsink metrics: scrape failed: {absent}"
+            assert rows(conn, "SHOW DATABASES LIKE 'sqlsink'") == []  # no command created it
+        finally:
+            conn.close()
 
 
 def test_recover_of_one_sink_never_touches_another_sinks_branches(url: str, tmp_path: Path) -> None:
