@@ -146,7 +146,8 @@ SELECT r.sink_id, r.run_id,
        greatest(r.live_for_s, 3 * coalesce(g.batch_interval, 0)) AS timeout,
        r.superseded_at IS NULL AND r.aborted_batch IS NULL
        AND timestampdiff(microsecond, r.heartbeat_at, current_timestamp(6)) / 1e6
-           < greatest(r.live_for_s, 3 * coalesce(g.batch_interval, 0)) AS live
+           < greatest(r.live_for_s, 3 * coalesce(g.batch_interval, 0)) AS live,
+       g.batch_interval
 FROM {L}.runs r
 LEFT JOIN (
     SELECT sink_id, run_id, max(gap) AS batch_interval FROM (

@@ -308,30 +308,15 @@ def lock_holders(conn: Connection, db: str, sink_id: str) -> list[Session]:
 
 # -- runs -----------------------------------------------------------------------------------
 
-# a run's last three gaps between decisions, as RUNS_SQL reads them (its liveness is
-# RUNS_SQL's: joined, never judged again here)
-_INTERVALS = """
-SELECT sink_id, run_id, max(gap) AS batch_interval FROM (
-    SELECT sink_id, run_id,
-           timestampdiff(microsecond,
-               lag(decided_at) OVER (PARTITION BY sink_id, run_id ORDER BY batch_id),
-               decided_at) / 1e6 AS gap,
-           row_number() OVER (PARTITION BY sink_id, run_id ORDER BY batch_id DESC) AS newest
-    FROM {L}.decisions WHERE (%(sink)s IS NULL OR sink_id = %(sink)s)
-) AS gaps WHERE newest <= 3 GROUP BY sink_id, run_id
-"""
-
 
 def runs(conn: Connection, db: str, sink_id: str | None) -> list[RunInfo]:
     """Every run of the sink (of every sink for None), the most recently seen first."""
     found = rows(
         conn,
         "SELECT r.sink_id, r.run_id, r.first_seen, r.heartbeat_at, j.age, r.live_for_s, "
-        "g.batch_interval, j.timeout, r.superseded_at, r.superseded_by, r.aborted_batch, "
+        "j.batch_interval, j.timeout, r.superseded_at, r.superseded_by, r.aborted_batch, "
         f"j.live FROM ({runs_sql(db)}) AS j "
         f"JOIN `{db}`.runs r ON r.sink_id = j.sink_id AND r.run_id = j.run_id "
-        f"LEFT JOIN ({_INTERVALS.replace('{L}', f'`{db}`')}) AS g "
-        "ON g.sink_id = r.sink_id AND g.run_id = r.run_id "
         "ORDER BY r.sink_id, r.first_seen DESC, r.run_id",
         {"sink": sink_id},
     )
