@@ -17,6 +17,7 @@ from sqlsink.mariadb.backend import MariaDBBackend
 from sqlsink.mariadb.connection import connect, execute, rows
 from sqlsink.mariadb.partition import LoadTarget, write_partition
 from sqlsink.mariadb.schema import ensure_schema
+from tests.fix_mariadb import MariaServer
 
 LOG = "sqlsink"
 
@@ -119,3 +120,19 @@ class Writer:
             self.write(batch, ids, p) for p, ids in enumerate(parts)
         ]
         return self.commit(batch, outcomes)
+
+
+@contextmanager
+def global_settings(server: MariaServer, **values: object) -> Iterator[None]:
+    """SET GLOBAL on a private server the test started, set back after (each value as
+    SQL: quote strings, e.g. binlog_format="'ROW'")."""
+    root = server.connect(root=True)
+    try:
+        before = {name: rows(root, f"SELECT @@GLOBAL.{name}")[0][0] for name in values}
+        for name, value in values.items():
+            execute(root, f"SET GLOBAL {name} = {value}")
+        yield
+    finally:
+        for name, value in before.items():
+            execute(root, f"SET GLOBAL {name} = %s", (value,))
+        root.close()

@@ -14,7 +14,6 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ from sqlsink.mariadb.connection import connect, execute, rows
 from sqlsink.mariadb.partition import LoadTarget, write_partition
 from sqlsink.mariadb.schema import ensure_schema, migrations
 from tests.fix_mariadb import TARGET_DB, MariaServer
+from tests.mariadb.protocol import global_settings
 
 NEWEST = migrations()[-1][0]
 SINK = "'sink'@'%'"
@@ -50,21 +50,6 @@ def _by_setting(findings: list[Finding]) -> dict[str, Finding]:
 
 def _judged(f: Finding) -> tuple[str, str, str, str | None]:
     return (f.level, f.value, f.source, f.fix)
-
-
-@contextmanager
-def _global(server: MariaServer, **values: object) -> Iterator[None]:
-    """SET GLOBAL on the private server, set back after."""
-    root = server.connect(root=True)
-    try:
-        before = {name: rows(root, f"SELECT @@GLOBAL.{name}")[0][0] for name in values}
-        for name, value in values.items():
-            execute(root, f"SET GLOBAL {name} = {value}")
-        yield
-    finally:
-        for name, value in before.items():
-            execute(root, f"SET GLOBAL {name} = %s", (value,))
-        root.close()
 
 
 def _check(server: MariaServer, ctx: CheckContext, url: str | None = None) -> dict[str, Finding]:
@@ -159,7 +144,7 @@ def test_the_tests_server_as_the_sink_user(mariadb_server: MariaServer) -> None:
 
 
 def test_settings_set_global_are_judged_with_their_fix(mariadb_server: MariaServer) -> None:
-    with _global(
+    with global_settings(
         mariadb_server,
         local_infile=0,
         net_read_timeout=5,
@@ -251,7 +236,7 @@ def _refused(server: MariaServer) -> int:
 
 
 def test_a_read_only_server_refuses_the_sink(mariadb_server: MariaServer) -> None:
-    with _global(mariadb_server, read_only=1):
+    with global_settings(mariadb_server, read_only=1):
         found = _check(mariadb_server, CheckContext())
         assert _refused(mariadb_server) == 1290
     f = found["read_only"]
@@ -269,7 +254,7 @@ def test_a_read_only_server_refuses_the_sink(mariadb_server: MariaServer) -> Non
 
 
 def test_statement_logging_refuses_the_sink(mariadb_server: MariaServer) -> None:
-    with _global(mariadb_server, binlog_format="STATEMENT"):
+    with global_settings(mariadb_server, binlog_format="STATEMENT"):
         found = _check(mariadb_server, CheckContext())
         assert _refused(mariadb_server) == 1665
     f = found["binlog_format"]
@@ -287,7 +272,7 @@ def test_statement_logging_refuses_the_sink(mariadb_server: MariaServer) -> None
 
 
 def test_the_trigger_interval_unknown_uses_the_floor(mariadb_server: MariaServer) -> None:
-    with _global(mariadb_server, max_statement_time=100):
+    with global_settings(mariadb_server, max_statement_time=100):
         found = _check(mariadb_server, CheckContext())
     f = found["max_statement_time"]
     assert (f.level, f.value) == ("warning", "100")
@@ -468,7 +453,7 @@ def test_a_pause_longer_than_net_read_timeout_ends_the_load(
     target = LoadTarget(mariadb_server.url(), paused_table)
     # the server ends the connection; what the sink makes of it is the partition's
     # error to word (today PyMySQL's own, an AttributeError of its closed socket)
-    with _global(mariadb_server, net_read_timeout=1), pytest.raises(Exception) as caught:
+    with global_settings(mariadb_server, net_read_timeout=1), pytest.raises(Exception) as caught:
         write_partition(target, task, _paused(2))
     assert not isinstance(caught.value, AssertionError)
     assert _prepared_of(mariadb_server, task.sink_id) == []
@@ -488,7 +473,7 @@ def test_a_pause_longer_than_net_read_timeout_ends_the_load(
 def test_max_statement_time_ends_the_load(mariadb_server: MariaServer, paused_table: str) -> None:
     task = _task()
     target = LoadTarget(mariadb_server.url(), paused_table)
-    with _global(mariadb_server, max_statement_time=1), pytest.raises(WriteError) as caught:
+    with global_settings(mariadb_server, max_statement_time=1), pytest.raises(WriteError) as caught:
         write_partition(target, task, _paused(2))
     assert "max_statement_time exceeded" in str(caught.value)
     assert _prepared_of(mariadb_server, task.sink_id) == []
@@ -517,7 +502,7 @@ def test_alter_table_behind_a_prepared_branch_waits_innodb_lock_wait_timeout(
 def test_the_sink_sessions_take_wait_timeout_not_interactive_timeout(
     mariadb_server: MariaServer,
 ) -> None:
-    with _global(mariadb_server, wait_timeout=123, interactive_timeout=7):
+    with global_settings(mariadb_server, wait_timeout=123, interactive_timeout=7):
         conn = connect(mariadb_server.url())
         assert rows(conn, "SELECT @@SESSION.wait_timeout")[0][0] == 123
         conn.close()
@@ -620,11 +605,11 @@ def test_durability_each_commit_on_disk(mariadb_server: MariaServer) -> None:
     """innodb_flush_log_at_trx_commit and (with the binary log on) sync_binlog: 1, or a
     host's crash can take back decided commits (invariant 1's durability); a warning
     naming what is lost and how the sink reports it, with the fix."""
-    with _global(mariadb_server, innodb_flush_log_at_trx_commit=1, sync_binlog=1):
+    with global_settings(mariadb_server, innodb_flush_log_at_trx_commit=1, sync_binlog=1):
         found = _check(mariadb_server, CheckContext())
     assert found["innodb_flush_log_at_trx_commit"].level == "ok"
     assert found["sync_binlog"].level == "ok"
-    with _global(mariadb_server, innodb_flush_log_at_trx_commit=2, sync_binlog=0):
+    with global_settings(mariadb_server, innodb_flush_log_at_trx_commit=2, sync_binlog=0):
         found = _check(mariadb_server, CheckContext())
     f = found["innodb_flush_log_at_trx_commit"]
     assert _judged(f) == (

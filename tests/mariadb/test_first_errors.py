@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -27,23 +26,9 @@ from sqlsink.mariadb.upsert import UpsertPlan
 from sqlsink.options import SinkOptions
 from sqlsink.spark.plan import plan_write
 from tests.fix_mariadb import TARGET_DB, MariaServer
+from tests.mariadb.protocol import global_settings
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType(), False)])
-
-
-@contextmanager
-def _global(server: MariaServer, **values: object) -> Iterator[None]:
-    """SET GLOBAL on the private server, set back after."""
-    root = server.connect(root=True)
-    try:
-        before = {name: rows(root, f"SELECT @@GLOBAL.{name}")[0][0] for name in values}
-        for name, value in values.items():
-            execute(root, f"SET GLOBAL {name} = {value}")
-        yield
-    finally:
-        for name, value in before.items():
-            execute(root, f"SET GLOBAL {name} = %s", (value,))
-        root.close()
 
 
 def _task() -> TaskIdentity:
@@ -99,7 +84,10 @@ def test_a_load_cut_by_net_read_timeout_is_transient_and_says_so(
 ) -> None:
     task = _task()
     target = LoadTarget(mariadb_server.url(), f"{TARGET_DB}.{table}")
-    with _global(mariadb_server, net_read_timeout=1), pytest.raises(TransientError) as caught:
+    with (
+        global_settings(mariadb_server, net_read_timeout=1),
+        pytest.raises(TransientError) as caught,
+    ):
         write_partition(target, task, _batches(range(100), pause_s=2.5))
     text = str(caught.value)
     assert "net_read_timeout" in text
@@ -115,7 +103,7 @@ def test_statement_logging_is_refused_at_planning(mariadb_server: MariaServer) -
     name = f"stmt_{uuid.uuid4().hex[:6]}"
     options = SinkOptions.parse({"url": mariadb_server.url(), "table": name, "createTable": "true"})
     with (
-        _global(mariadb_server, binlog_format="'STATEMENT'"),
+        global_settings(mariadb_server, binlog_format="'STATEMENT'"),
         pytest.raises(ConfigError) as caught,
     ):
         plan_write(options, SCHEMA, "t")
@@ -144,7 +132,7 @@ def test_statement_logging_after_planning_is_the_sinks_error(
     task = _task()
     target = LoadTarget(mariadb_server.url(), f"{TARGET_DB}.{table}")
     with (
-        _global(mariadb_server, binlog_format="'STATEMENT'"),
+        global_settings(mariadb_server, binlog_format="'STATEMENT'"),
         pytest.raises(WriteError) as caught,
     ):
         write_partition(target, task, _batches(range(100)))
@@ -166,7 +154,7 @@ def test_mixed_logging_serves_append_and_upsert(
     conn.close()
     task = _task()
     target = LoadTarget(mariadb_server.url(), f"{TARGET_DB}.{name}", upsert=upsert)
-    with _global(mariadb_server, binlog_format="'MIXED'"):
+    with global_settings(mariadb_server, binlog_format="'MIXED'"):
         assert plan_write(
             SinkOptions.parse(
                 {"url": mariadb_server.url(), "table": name, "mode": "upsert" if upsert else
