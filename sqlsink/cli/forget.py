@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
         me = identify(conn, doc)
         require_schema(conn, me)
         try:
-            gone = conn.forget_sink(args.sink_id, LOCK_TIMEOUT_S)
+            gone = conn.forget_sink(args.sink_id, args.lock_timeout)
         except ConfigError as exc:
             doc["message"] = exc.message
         else:

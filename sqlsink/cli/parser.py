@@ -308,6 +308,14 @@ def _add_forget(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     _add_common(p)
     p.add_argument("--sink-id", type=_sink_id, required=True, help="the sink to forget")
+    p.add_argument(
+        "--lock-timeout",
+        type=_duration,
+        default=forget.LOCK_TIMEOUT_S,
+        metavar="DURATION",
+        help="how long to wait for the sink's lock, which a committer\nor a recover holds "
+        f"while it works (default {forget.LOCK_TIMEOUT_S:.0f}s)",
+    )
     p.set_defaults(handler=Command(forget.start, forget.run))
 
 

@@ -247,7 +247,7 @@ def test_forget_is_refused_while_a_run_is_live_then_removes_the_log(url: str) ->
         try:
             assert rows(holder, "SELECT GET_LOCK(%s, 0)", (lock_name(w.sink),))[0][0] == 1
             pid = rows(holder, "SELECT CONNECTION_ID()")[0][0]
-            locked = cli(url, "forget", "--json", "--sink-id", w.sink)
+            locked = cli(url, "forget", "--json", "--sink-id", w.sink, "--lock-timeout", "1")
         finally:
             holder.close()
         error = document(locked, "forget")["error"]
