@@ -4,7 +4,10 @@
 - ``format("sqlsink")``: every record exactly once; the driver SIGKILLed before the
   decision, between two ``XA COMMIT``s (fault ``mid_commit``) and after the decision,
   then the query restarted from its checkpoint: every record once, nothing of the sink
-  left in ``XA RECOVER``. A batch write all or nothing.
+  left in ``XA RECOVER``; before the restart after a kill before the decision, an
+  operator's ``sqlsink status`` and ``recover --checkpoint`` with the query's real
+  checkpoint (the commands' other cases: tests/mariadb/test_cli.py). A batch write all
+  or nothing.
 - The foreachBatch writer: one batch into two tables, atomically (a part that fails
   leaves nothing of the batch in the other table, nothing prepared)."""
 
@@ -22,6 +25,8 @@ import sqlsink
 from sqlsink.mariadb import xid
 from sqlsink.mariadb.connection import connect, execute, rows
 from tests.fix_mariadb import MariaServer
+from tests.mariadb.protocol import ids_of, prepared_of
+from tests.mariadb.test_cli import cli, document
 from tests.spark.streams import query_id, run_foreach_batch, run_query, write_source
 from tests.spark.test_crash import kill_driver_at
 
@@ -145,10 +150,41 @@ def test_driver_killed_at_a_step_then_restarted(
         assert set(range(30)) < set(seen) < set(range(70))  # batch 1 half visible
     else:
         assert seen == list(range(30))  # nothing of batch 1 visible
+    if point == "before_decision":
+        operator_recovers_with_the_checkpoint(url, mtable, tmp_path / "chk", sink_id, left)
     run_query(spark, tmp_path / "src", tmp_path / "chk", {"url": url, "table": mtable})
     assert ids(mariadb_server, mtable) == list(range(100))
     assert decided(mariadb_server, sink_id) == {0: True, 1: True, 2: True}
     assert sink_branches(mariadb_server) == []
+
+
+def operator_recovers_with_the_checkpoint(
+    url: str, table: str, checkpoint: Path, sink: str, left: list[str]
+) -> None:
+    """``sqlsink status`` and ``recover --checkpoint`` on a MariaDB URL with the killed
+    query's real checkpoint, before its restart: ``status`` shows the live run and its
+    undecided branches; ``recover --checkpoint`` finds the sink from the checkpoint and
+    leaves the live run's branches; ``--force --run-id`` declares the run dead and, as
+    Spark's checkpoint has no commits/1, rolls the branches back: batch 0's rows exactly,
+    XA RECOVER empty of the sink's branches."""
+    status = document(cli(url, "status", "--json", "--sink-id", sink), "status")
+    (doc,) = status["sinks"]
+    assert sorted(p["gid"] for p in doc["prepared"]) == sorted(left) and doc["live"] is True
+    assert doc["last_complete_batch"] == 0 and doc["incomplete_batches"] == []
+    run = doc["runs"][0]["run_id"]
+
+    kept = cli(url, "recover", "--json", "--checkpoint", str(checkpoint))
+    plan = document(kept, "recover")
+    assert [s["sink_id"] for s in plan["sinks"]] == [sink]
+    assert {(a["action"], a["why"]) for a in plan["actions"]} == {("leave", "live_run")}
+    relation = {b["batch_id"]: b["state"] for b in plan["checkpoint"]["batches"]}
+    assert relation[0] == "consistent" and 1 in relation, plan["checkpoint"]
+    assert sorted(prepared_of(url, sink)) == sorted(left)
+
+    done = cli(url, "recover", "--checkpoint", str(checkpoint), "--force", "--run-id", run)
+    assert done.code == 0, done.out + done.err
+    assert "committed in Spark and in the database" in done.out or "batch 0" in done.out
+    assert prepared_of(url, sink) == [] and ids_of(url, table) == list(range(30))
 
 
 @pytest.fixture
