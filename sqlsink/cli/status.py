@@ -141,7 +141,9 @@ class StatusScan:
             "last_complete_batch": summary.last_complete,
             "incomplete_batches": [d.batch_id for d in incomplete],
             "recent_batches": [recent_json(d) for d in recent],
-            "last_batch": last_batch_json(recent[0] if recent else None),
+            "last_batch": last_batch_json(
+                recent[0] if recent else None, self.conn.terms().commit_statement
+            ),
             "prepared": prepared_docs,
             "live": bool(live_runs),
             "sessions": [session_json(s) for s in live_sessions],
@@ -416,7 +418,12 @@ def run(args: argparse.Namespace, out: Output, doc: StatusDocument) -> int:
         scan.views = conn.consistent_views()
         header(out, "status", me, f", server time {format_time(now)}")
         sinks = [scan.sink(name, rows.get(name), ours.get(name, [])) for name in sorted(names)]
-        print_status(out, sinks, detailed=args.sink_id is not None)
+        print_status(
+            out,
+            sinks,
+            detailed=args.sink_id is not None,
+            commit_statement=conn.terms().commit_statement,
+        )
         other_docs = others_json(others, now)
         old = old_others_warning(other_docs, args.max_age, me.database, conn.terms())
         if old is not None and args.sink_id is None:

@@ -51,14 +51,17 @@ def figures_json(figures: BatchFigures) -> BatchFiguresJson:
     return cast(BatchFiguresJson, figures.to_json())
 
 
-def last_batch_json(d: DecisionRow | None) -> LastBatchJson | None:
-    """The sink's newest decision (``d``), with its figures and the line said from them."""
+def last_batch_json(d: DecisionRow | None, commit_statement: str) -> LastBatchJson | None:
+    """The sink's newest decision (``d``), with its figures and the line said from them
+    (``commit_statement``: the database's name for the commits, ``ServerTerms``)."""
     if d is None:
         return None
     return {
         "batch_id": d.batch_id,
         "decided_at": d.decided_at,
-        "line": None if d.figures is None else d.figures.line(d.sink_id, d.batch_id),
+        "line": (
+            None if d.figures is None else d.figures.line(d.sink_id, d.batch_id, commit_statement)
+        ),
         "figures": None if d.figures is None else figures_json(d.figures),
     }
 

@@ -21,7 +21,9 @@ class SinkStatus:
 NEVER_WROTE_SHOWN = 10  # the ids the line names; the count says how many more
 
 
-def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
+def print_status(
+    out: Output, sinks: list[SinkStatus], *, detailed: bool, commit_statement: str
+) -> None:
     """A table of every sink, then the details of those with something to show.
 
     A sink with nothing but its registration (``never_wrote``: a one-off load that failed
@@ -35,7 +37,7 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         out.line("no sinks in this database")
         return
     if sinks:
-        _print_table(out, sinks, detailed=detailed)
+        _print_table(out, sinks, detailed=detailed, commit_statement=commit_statement)
     if never:
         more = len(never) - NEVER_WROTE_SHOWN
         ids = ", ".join(never[:NEVER_WROTE_SHOWN]) + (f" and {more} more" if more > 0 else "")
@@ -47,7 +49,9 @@ def print_status(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         )
 
 
-def _print_table(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> None:
+def _print_table(
+    out: Output, sinks: list[SinkStatus], *, detailed: bool, commit_statement: str
+) -> None:
     out.line()
     head = [
         "SINK",
@@ -87,7 +91,7 @@ def _print_table(out: Output, sinks: list[SinkStatus], *, detailed: bool) -> Non
         shown = bool(d["prepared"] or d["incomplete_batches"] or d["live"] or sink.lost)
         shown = shown or bool(d["hidden_batches"]) or d["state"] in ("failed", "quiet")
         if detailed or shown or _checkpoint_loss(d):
-            _print_sink_status(out, sink)
+            _print_sink_status(out, sink, commit_statement)
 
 
 def _stranded(doc: StatusSinkJson) -> bool:
@@ -120,7 +124,7 @@ def _checkpoint_loss(doc: StatusSinkJson) -> bool:
     return check is not None and check["verdict"] == "loss"
 
 
-def _print_sink_status(out: Output, sink: SinkStatus) -> None:
+def _print_sink_status(out: Output, sink: SinkStatus, commit_statement: str) -> None:
     doc = sink.doc
     out.line()
     bound = doc["bound_query_id"]
@@ -152,7 +156,7 @@ def _print_sink_status(out: Output, sink: SinkStatus) -> None:
     last = doc["last_batch"]
     if last is not None:
         figures = BatchFigures.from_json(last["figures"])
-        said = "no figures recorded" if figures is None else figures.summary()
+        said = "no figures recorded" if figures is None else figures.summary(commit_statement)
         out.line(f"  last batch {last['batch_id']}: {said}")
     if doc["recent_batches"]:
         out.line("  recent batches:")

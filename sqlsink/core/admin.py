@@ -203,6 +203,7 @@ class ServerTerms:
     end_session: str  # how to end a session (a stuck lock holder)
     rollback_example: str  # how to roll one back by hand (a gid or xid as "<gid>")
     finisher: str  # who may finish a prepared transaction
+    commit_statement: str = "COMMIT PREPARED"  # what commits one (the batches' figures)
 
 
 POSTGRES_TERMS = ServerTerms(

@@ -26,6 +26,12 @@ class TwoPhaseBackend(Protocol):
         ...
 
     @property
+    def commit_statement(self) -> str:
+        """The database's statement that commits a prepared transaction, as the sink's
+        texts name it ("COMMIT PREPARED", "XA COMMIT")."""
+        ...
+
+    @property
     def finisher_role(self) -> str | None:
         """The role we act as when it can finish only its own prepared transactions;
         None for a superuser."""

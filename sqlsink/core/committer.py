@@ -243,13 +243,14 @@ class Committer:
         written = [o for o in outcomes if o is not None and o.gid is not None]
         self.resolver.warn_old((o.gid, o.started_at) for o in written if o.gid in report.committed)
         if figures is not None:
-            log.info("%s", figures.line(self.sink_id, batch_id))
+            log.info("%s", figures.line(self.sink_id, batch_id, self.backend.commit_statement))
             return
         log.info(
             "sqlsink %s: batch %d: decided before (its figures are the first commit's), "
-            "COMMIT PREPARED and completion %.1f ms, %d orphan(s) swept",
+            "%s and completion %.1f ms, %d orphan(s) swept",
             self.sink_id,
             batch_id,
+            self.backend.commit_statement,
             commit_ms,
             len(report.rolled_back),
         )

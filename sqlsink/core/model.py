@@ -281,11 +281,14 @@ class BatchFigures:
         """The partition whose write took longest."""
         return max(self.writes, key=lambda w: w.write_ms, default=None)
 
-    def line(self, sink_id: str | None, batch_id: int) -> str:
-        """The driver's per-batch log line."""
-        return f"sqlsink {sink_id}: batch {batch_id}: {self.summary()}"
+    def line(
+        self, sink_id: str | None, batch_id: int, commit_statement: str = "COMMIT PREPARED"
+    ) -> str:
+        """The driver's per-batch log line (``commit_statement``: the database's name
+        for the commits, ``TwoPhaseBackend.commit_statement``)."""
+        return f"sqlsink {sink_id}: batch {batch_id}: {self.summary(commit_statement)}"
 
-    def summary(self) -> str:
+    def summary(self, commit_statement: str = "COMMIT PREPARED") -> str:
         """The line without its sink and batch."""
         slowest = self.slowest()
         parts = [
@@ -303,7 +306,7 @@ class BatchFigures:
                 else [f"last PREPARE to decision {self.prepare_to_decision_ms:.0f} ms"]
             ),
             f"decision {self.decision_ms:.1f} ms",
-            f"COMMIT PREPARED {self.commit_prepared_ms:.1f} ms",
+            f"{commit_statement} {self.commit_prepared_ms:.1f} ms",
             f"completion {self.completion_ms:.1f} ms",
             f"{self.orphans} orphan(s) swept",
         ]

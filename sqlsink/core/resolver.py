@@ -185,12 +185,13 @@ class Resolver:
         for gid, since in opened:
             if gid is not None and now - since > limit:
                 log.warning(
-                    "sqlsink %s: transaction %s was open %.1f s before COMMIT PREPARED, over "
+                    "sqlsink %s: transaction %s was open %.1f s before %s, over "
                     "%.0f%% of transactionTimeout (%.1f s): a longer delay may let the server "
                     "end it (idle/statement/transaction timeouts) and lose the batch",
                     self.sink_id,
                     gid,
                     now - since,
+                    self.backend.commit_statement,
                     self.timeouts.warning_ratio * 100,
                     self.timeouts.timeout_s,
                 )

@@ -38,7 +38,7 @@ from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.model import Binding, PreparedTransaction
 from sqlsink.credentials import PasswordSource
 from sqlsink.mariadb import commit_log, locks, retention, survey
-from sqlsink.mariadb.backend import MariaDBBackend
+from sqlsink.mariadb.backend import COMMIT_STATEMENT, MariaDBBackend
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute
 
 # the backend's bound on a branch still attached to its session and on row locks;
@@ -50,6 +50,7 @@ MARIADB_TERMS = ServerTerms(
     "KILL CONNECTION id",
     "XA ROLLBACK X'<gtrid>',X'<bqual>',<formatID> (XA RECOVER FORMAT='SQL' lists them)",
     "any user",
+    COMMIT_STATEMENT,
 )
 
 

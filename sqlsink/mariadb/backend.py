@@ -45,6 +45,8 @@ from sqlsink.mariadb import commit_log, locks, retention, run_registry, xid
 from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno, execute, rows
 from sqlsink.mariadb.errors import RETRIED, translated
 
+COMMIT_STATEMENT = "XA COMMIT"  # what commits a prepared branch (TwoPhaseBackend.commit_statement)
+
 XAER_NOTA = 1397  # the xid is not known (not prepared, or still attached to its session)
 XA_RBROLLBACK = 1402  # the branch was rolled back (by the server): gone
 
@@ -110,6 +112,10 @@ class MariaDBBackend:
     @property
     def finisher_role(self) -> str | None:
         return None  # any user may finish any prepared branch on MariaDB
+
+    @property
+    def commit_statement(self) -> str:
+        return COMMIT_STATEMENT
 
     def cut_session(self, url: str) -> None:
         with self._doing("asking its session's id"):

@@ -37,6 +37,8 @@ from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.faults import terminator
 
+COMMIT_STATEMENT = "COMMIT PREPARED"  # TwoPhaseBackend.commit_statement
+
 
 class PostgresBackend:
     """Implements ``sqlsink.core.backend.TwoPhaseBackend`` on one autocommit connection."""
@@ -60,6 +62,10 @@ class PostgresBackend:
     @property
     def finisher_role(self) -> str | None:
         return self._role
+
+    @property
+    def commit_statement(self) -> str:
+        return COMMIT_STATEMENT
 
     @property
     def database(self) -> str:

@@ -35,6 +35,7 @@ LIVE_S = 1.0  # the crashed runs' runTimeout: dead soon after their driver is ki
 # words of PostgreSQL that no text on a MariaDB url may say
 PG_WORDS = (
     "pg_prepared_xacts", "VACUUM", "pg_terminate_backend", "PREPARED '", "psql", "from PGPASSWORD",
+    "COMMIT PREPARED",
 )  # fmt: skip
 
 
@@ -103,6 +104,10 @@ def test_status_shows_a_sinks_decided_batches_with_postgresqls_contract(url: str
         assert sink["consistent_views"] == [] and sink["hidden_batches"] == []
         assert doc["data_loss"] == [] and doc["warnings"] == []
         assert sink["sessions"] == [] and sink["lock_holders"] == []
+        # the batch's figures name MariaDB's statement (the text's too: PG_WORDS)
+        line = sink["last_batch"]["line"]
+        assert "XA COMMIT " in line and "COMMIT PREPARED" not in line, line
+        assert "last batch 1: " in text.out and "XA COMMIT " in text.out, text.out
         # a connected partition task (as write_partition says whose it is) and a session
         # holding the sink lock are shown as the sink's, by their connection ids
         task, holder = connect(url), connect(url)

@@ -547,6 +547,10 @@ class MemoryBackend:
         return self.session.database
 
     @property
+    def commit_statement(self) -> str:
+        return "XA COMMIT" if self.server.mariadb else "COMMIT PREPARED"
+
+    @property
     def finisher_role(self) -> str | None:
         if self.server.mariadb:
             return None  # any user may finish any branch
