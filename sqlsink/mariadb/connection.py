@@ -33,9 +33,12 @@ def connect(
     where: dict[str, Any] = {"host": params["host"] or "localhost", "port": params["port"] or 3306}
     if params.get("unix_socket"):
         where = {"unix_socket": params["unix_socket"]}
+    secret = password if password is not None else (params["password"] or "")
     conn = pymysql.connect(
         user=params["user"] or "",
-        password=password if password is not None else (params["password"] or ""),
+        # as bytes: PyMySQL sends a text password as latin1, but the server hashed the
+        # user's UTF-8 text (tests/mariadb/test_connection.py)
+        password=secret.encode(),
         database=database if database is not None else params["dbname"],
         autocommit=True,
         charset="utf8mb4",
