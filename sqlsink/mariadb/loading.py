@@ -150,7 +150,7 @@ def session_url(options: SinkOptions) -> str:
 def _session(options: SinkOptions, **kw: Any) -> Iterator[Connection]:
     from sqlsink.mariadb.connection import connect
 
-    conn = connect(options.url, password=password_of(options), **kw)
+    conn = connect(options.url, password=password_of(options), doing="planning the batch", **kw)
     try:
         yield conn
     finally:

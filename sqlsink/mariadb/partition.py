@@ -101,7 +101,7 @@ def write_partition(
     started = time.time()
     if first is None:  # nothing to write: no branch, no gid
         return PartitionOutcome.of_task(task, None, 0, skipped=False, started=started)
-    conn = connect(target.url, local_infile=True)
+    conn = connect(target.url, local_infile=True, doing=task.where())
     try:
         execute(conn, f"SET SESSION sql_mode = '{SQL_MODE}'")
         _refuse_statement_logging(conn, target, task)
@@ -121,7 +121,7 @@ def write_partition(
     finally:
         conn.close()  # after XA PREPARE: the branch is detached, and can be finished
     crash_point("after_prepare", task.batch_id, task.partition_id, task.attempt_number)
-    after = connect(target.url)
+    after = connect(target.url, doing=f"{task.where()}, after XA PREPARE")
     try:
         backend = MariaDBBackend(after, target.lock_timeout_s, target.log_database)
         Participant(backend, task, target.timeouts, target.run_timeout_s).after_prepare(gid)

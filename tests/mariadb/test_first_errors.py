@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import types as T
 
 from sqlsink.core.model import TaskIdentity
-from sqlsink.errors import ConfigError, TransientError, WriteError
+from sqlsink.errors import ConfigError, SqlsinkError, TransientError, WriteError
 from sqlsink.mariadb import xid
 from sqlsink.mariadb.connection import connect, execute, rows
 from sqlsink.mariadb.partition import LoadTarget, write_partition
@@ -190,3 +190,63 @@ def test_enter_task_session_under_statement_logging_is_the_sinks_error(
     assert text.startswith("sink 'fst-session', batch 3, partition 1: ")
     assert "binlog_format = STATEMENT" in text
     assert "SET GLOBAL binlog_format = 'ROW'" in text
+
+
+def _wrong(url: str, **change: str) -> str:
+    """``url`` with its password, port or database changed."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    user = parts.username or ""
+    password = change.get("password", parts.password or "")
+    port = change.get("port", str(parts.port))
+    path = change.get("database", parts.path.lstrip("/"))
+    return f"mariadb://{user}:{password}@{parts.hostname}:{port}/{path}"
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"password": "Wr0ng-s3cret"}, "refused the login of user 'sink'"),
+        ({"database": "no_such_db"}, "may not use database 'no_such_db'"),
+    ],
+    ids=["password", "database"],
+)
+def test_planning_that_cannot_log_in_says_why_in_the_sinks_words(
+    mariadb_server: MariaServer, change: dict[str, str], why: str
+) -> None:
+    url = _wrong(mariadb_server.url(), **change)
+    options = SinkOptions.parse({"url": url, "table": "t_never"})
+    with pytest.raises(SqlsinkError) as caught:
+        plan_write(options, SCHEMA, "t")
+    text = str(caught.value)
+    assert f"cannot connect to MariaDB at {mariadb_server.host}:{mariadb_server.port}" in text
+    assert why in text and "Fix:" in text, text
+    assert "Wr0ng-s3cret" not in text and mariadb_server.sink[1] not in text
+
+
+def test_a_partition_that_cannot_reach_the_server_is_transient_and_says_why() -> None:
+    import socket as sockets
+
+    with sockets.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    task = _task()
+    target = LoadTarget(f"mariadb://sink:Pw-9x@127.0.0.1:{port}/{TARGET_DB}", f"{TARGET_DB}.t")
+    with pytest.raises(TransientError) as caught:
+        write_partition(target, task, _batches(range(100)))
+    text = str(caught.value)
+    assert f"cannot connect to MariaDB at 127.0.0.1:{port}" in text
+    assert "nothing accepts connections there" in text and "Fix:" in text, text
+    assert f"batch {task.batch_id}, partition {task.partition_id}" in text, text
+    assert "Pw-9x" not in text
+
+
+def test_a_host_that_does_not_resolve_is_named_as_such() -> None:
+    task = _task()
+    target = LoadTarget(f"mysql://sink:Pw-9x@host.invalid:3306/{TARGET_DB}", f"{TARGET_DB}.t")
+    with pytest.raises(TransientError) as caught:
+        write_partition(target, task, _batches(range(100)))
+    text = str(caught.value)
+    assert "cannot connect to MySQL at host.invalid:3306" in text
+    assert "host name does not resolve" in text and "Pw-9x" not in text, text
