@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Protocol
 
 from sqlsink.core.backend import TwoPhaseBackend
-from sqlsink.core.model import BatchFigures, Binding, PreparedTransaction
+from sqlsink.core.model import COMMIT_PREPARED, BatchFigures, Binding, PreparedTransaction
 
 # -- the records ---------------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class ServerTerms:
     end_session: str  # how to end a session (a stuck lock holder)
     rollback_example: str  # how to roll one back by hand (a gid or xid as "<gid>")
     finisher: str  # who may finish a prepared transaction
-    commit_statement: str = "COMMIT PREPARED"  # what commits one (the batches' figures)
+    commit_statement: str = COMMIT_PREPARED  # what commits one (the batches' figures)
 
 
 POSTGRES_TERMS = ServerTerms(

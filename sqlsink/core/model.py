@@ -216,6 +216,11 @@ class PartitionFigures:
     write_ms: float
 
 
+# PostgreSQL's statement that commits a prepared transaction: the texts' default word
+# (each backend says its own: TwoPhaseBackend.commit_statement)
+COMMIT_PREPARED = "COMMIT PREPARED"
+
+
 @dataclass(frozen=True)
 class BatchFigures:
     """A batch's figures, recorded with its decision (``sqlsink.decisions.figures``, from
@@ -282,13 +287,13 @@ class BatchFigures:
         return max(self.writes, key=lambda w: w.write_ms, default=None)
 
     def line(
-        self, sink_id: str | None, batch_id: int, commit_statement: str = "COMMIT PREPARED"
+        self, sink_id: str | None, batch_id: int, commit_statement: str = COMMIT_PREPARED
     ) -> str:
         """The driver's per-batch log line (``commit_statement``: the database's name
         for the commits, ``TwoPhaseBackend.commit_statement``)."""
         return f"sqlsink {sink_id}: batch {batch_id}: {self.summary(commit_statement)}"
 
-    def summary(self, commit_statement: str = "COMMIT PREPARED") -> str:
+    def summary(self, commit_statement: str = COMMIT_PREPARED) -> str:
         """The line without its sink and batch."""
         slowest = self.slowest()
         parts = [

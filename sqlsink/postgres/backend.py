@@ -13,6 +13,7 @@ from psycopg import sql
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
+    COMMIT_PREPARED,
     BatchFigures,
     Binding,
     Decision,
@@ -36,8 +37,6 @@ from sqlsink.postgres import (
 from sqlsink.postgres.commit_log import like_prefix
 from sqlsink.postgres.connection import Connection
 from sqlsink.postgres.faults import terminator
-
-COMMIT_STATEMENT = "COMMIT PREPARED"  # TwoPhaseBackend.commit_statement
 
 
 class PostgresBackend:
@@ -65,7 +64,7 @@ class PostgresBackend:
 
     @property
     def commit_statement(self) -> str:
-        return COMMIT_STATEMENT
+        return COMMIT_PREPARED
 
     @property
     def database(self) -> str:

@@ -68,6 +68,7 @@ from typing import Any, Protocol
 from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
+    COMMIT_PREPARED,
     BatchFigures,
     Binding,
     Decision,
@@ -548,7 +549,7 @@ class MemoryBackend:
 
     @property
     def commit_statement(self) -> str:
-        return "XA COMMIT" if self.server.mariadb else "COMMIT PREPARED"
+        return "XA COMMIT" if self.server.mariadb else COMMIT_PREPARED
 
     @property
     def finisher_role(self) -> str | None:
