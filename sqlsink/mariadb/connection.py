@@ -91,8 +91,7 @@ def not_connected(
 
 _OTHER = (
     "the connection failed",
-    "see the server's words in brackets; the task is retried by Spark, and nothing of the "
-    "batch was written by this session",
+    "see the server's words in brackets; nothing was written through this connection",
 )
 _UNREACHABLE = (
     "nothing accepts connections there",
