@@ -11,6 +11,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -235,3 +236,50 @@ def test_a_branch_rolled_back_by_hand_is_named_by_mariadbs_statement(
         assert "ROLLBACK PREPARED" not in text and "XA ROLLBACK" in text, text
     finally:
         forget_sink(url, w.sink)
+
+
+def test_a_user_at_its_accounts_connection_limit_is_named_as_such(
+    mariadb_server: MariaServer,
+) -> None:
+    """An account's own limit (CREATE/ALTER USER ... WITH MAX_USER_CONNECTIONS n, the
+    way one limits a user at run time: the global max_user_connections cannot be set
+    from 0 without a restart) is error 1226, not 1203: not_connected falls back to 'the
+    connection failed. Fix: see the server's words in brackets' instead of its
+    max_user_connections words (raise the limit, or write fewer partitions at once)."""
+    user = f"lim_{uuid.uuid4().hex[:6]}"
+    root = mariadb_server.connect(root=True)
+    try:
+        with root.cursor() as cur:
+            cur.execute(
+                f"CREATE USER '{user}'@'%' IDENTIFIED BY 'Lim-pw1' WITH MAX_USER_CONNECTIONS 1"
+            )
+            cur.execute(f"GRANT ALL ON `{TARGET_DB}`.* TO '{user}'@'%'")
+        url = f"mariadb://{user}:Lim-pw1@{mariadb_server.host}:{mariadb_server.port}/{TARGET_DB}"
+        held = connect(url)  # the one session the account may have
+        try:
+            with pytest.raises(SqlsinkError) as caught:
+                write_partition(LoadTarget(url, f"{TARGET_DB}.t"), _task(), _ids(3))
+        finally:
+            held.close()
+        text = str(caught.value)
+        assert "max_user_connections" in text and "Lim-pw1" not in text, text
+        assert "the connection failed" not in text, text
+        assert "fewer partitions" in text, text
+    finally:
+        with root.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'%'")
+        root.close()
+
+
+def test_a_unix_socket_that_is_not_there_is_told_about_the_socket(tmp_path: Path) -> None:
+    """A URL whose unix_socket names no socket: the message names the path, but its fix
+    speaks of 'the URL's host and port' and 'a bind-address of 127.0.0.1', none of
+    which a socket has (the fix: the socket path mariadbd listens on, its socket
+    setting)."""
+    path = tmp_path / "no.sock"
+    url = f"mariadb://sink:Pw-9x@localhost/{TARGET_DB}?unix_socket={path}"
+    with pytest.raises(SqlsinkError) as caught:
+        plan_write(SinkOptions.parse({"url": url, "table": "t_never"}), SCHEMA, "t")
+    text = str(caught.value)
+    assert f"cannot connect to MariaDB at {path}" in text, text
+    assert "host and port" not in text and "bind-address" not in text, text
