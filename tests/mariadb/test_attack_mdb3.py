@@ -283,3 +283,32 @@ def test_a_unix_socket_that_is_not_there_is_told_about_the_socket(tmp_path: Path
     text = str(caught.value)
     assert f"cannot connect to MariaDB at {path}" in text, text
     assert "host and port" not in text and "bind-address" not in text, text
+
+
+@pytest.mark.parametrize("step", ["commit", "heartbeat", "run end"])
+def test_the_drivers_commit_heartbeat_and_run_end_are_not_called_planning(step: str) -> None:
+    """loading._session, which now says 'planning the batch' of every failed connect,
+    opens the driver's sessions of every batch too: the committer's (CommitterSession,
+    each batch's decision and commits), the run's heartbeat and the run's end record. A
+    server down at batch 7's commit is reported as 'planning the batch: cannot connect
+    ...' (DESIGN 5.1 and the commit say: planning or a partition)."""
+    from sqlsink.spark.plan import CommitterSession, database_of
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"mariadb://sink:Pw-9x@127.0.0.1:{port}/{TARGET_DB}"
+    options = SinkOptions.parse({"url": url, "table": "t_never", "sinkId": "a3-driver"})
+    loading = database_of(options).loading()
+    with pytest.raises(SqlsinkError) as caught:
+        if step == "commit":
+            with CommitterSession(options, "a3-driver"):
+                pass
+        elif step == "heartbeat":
+            with loading.heartbeat_backend(options, "a3-driver"):
+                pass
+        else:
+            loading.record_run_end(options, "a3-driver", "run1", "stopped", None)
+    text = str(caught.value)
+    assert "cannot connect to MariaDB" in text and "Pw-9x" not in text, text
+    assert not text.startswith("planning the batch"), text
