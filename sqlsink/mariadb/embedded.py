@@ -262,7 +262,9 @@ class EmbeddedMariaDB:
                     f"{self.port}) exited with {proc.returncode} at start; see {self.error_log}"
                 )
             try:
-                self.connect(root=True, connect_timeout=2).close()
+                # read_timeout: a server that accepts but does not greet yet is asked again
+                # (connect_timeout bounds only PyMySQL's TCP connect)
+                self.connect(root=True, connect_timeout=2, read_timeout=2, write_timeout=2).close()
                 break
             except Exception:
                 if time.monotonic() > deadline:
