@@ -147,10 +147,12 @@ def session_url(options: SinkOptions) -> str:
 
 
 @contextmanager
-def _session(options: SinkOptions, **kw: Any) -> Iterator[Connection]:
+def _session(options: SinkOptions, doing: str, **kw: Any) -> Iterator[Connection]:
+    """A session of the driver's; ``doing`` names what it is for in a failed connect's
+    error (planning, the commit of a batch, the heartbeat, the run's end)."""
     from sqlsink.mariadb.connection import connect
 
-    conn = connect(options.url, password=password_of(options), doing="planning the batch", **kw)
+    conn = connect(options.url, password=password_of(options), doing=doing, **kw)
     try:
         yield conn
     finally:
@@ -444,7 +446,7 @@ class MariaDBLoading:
                 "as database.table, or the url as mariadb://user@host:port/database"
             )
         where = f"`{database}`.`{name}`"
-        with _session(options, local_infile=True) as conn:
+        with _session(options, "planning the batch", local_infile=True) as conn:
             check_server(conn)
             if not rows(conn, "SELECT @@local_infile")[0][0]:
                 raise ConfigError(
@@ -560,19 +562,19 @@ class MariaDBLoading:
 
     @contextmanager
     def committer_backend(self, options: SinkOptions, sink_id: str) -> Iterator[MariaDBBackend]:
-        with self._backend(options) as backend:
+        with self._backend(options, f"sink {sink_id}: the driver's commit session") as backend:
             yield backend
 
     @contextmanager
     def heartbeat_backend(self, options: SinkOptions, sink_id: str) -> Iterator[MariaDBBackend]:
-        with self._backend(options) as backend:
+        with self._backend(options, f"sink {sink_id}: the run's heartbeat") as backend:
             yield backend
 
     @contextmanager
-    def _backend(self, options: SinkOptions) -> Iterator[MariaDBBackend]:
+    def _backend(self, options: SinkOptions, doing: str) -> Iterator[MariaDBBackend]:
         from sqlsink.mariadb.backend import MariaDBBackend
 
-        with _session(options) as conn:
+        with _session(options, doing) as conn:
             yield MariaDBBackend(conn, options.lock_timeout_s)
 
     def consistent_views(
@@ -626,7 +628,7 @@ class MariaDBLoading:
     def forget_one_off_load(self, options: SinkOptions, sink_id: str) -> None:
         from sqlsink.mariadb.connection import LOG_DATABASE, execute
 
-        with _session(options) as conn:
+        with _session(options, f"sink {sink_id}: forgetting the one-off load") as conn:
             execute(conn, "BEGIN")
             try:
                 execute(conn, "SET @sqlsink_forget = %s", (sink_id,))
@@ -641,7 +643,7 @@ class MariaDBLoading:
         from sqlsink.mariadb import commit_log
         from sqlsink.mariadb.connection import LOG_DATABASE
 
-        with _session(options) as conn:
+        with _session(options, f"sink {sink_id}: reading the one-off load's decision") as conn:
             found = commit_log.decisions(conn, LOG_DATABASE, sink_id, [(sink_id, 0)])
         return found.get((sink_id, 0))
 
@@ -651,7 +653,8 @@ class MariaDBLoading:
         from sqlsink.mariadb import run_registry
         from sqlsink.mariadb.connection import LOG_DATABASE
 
-        with _session(options) as conn:
+        doing = f"sink {sink_id}: recording the end ({how}) of run {run_id}"
+        with _session(options, doing) as conn:
             return run_registry.record_end(conn, LOG_DATABASE, sink_id, run_id, how, error)
 
     def scrub(self, text: str, options: SinkOptions) -> str:
