@@ -72,7 +72,9 @@ class MariaDBAdmin(AdminSession):
     def open(cls, url: str, command: str, password_command: str | None) -> MariaDBAdmin:
         """With ``password_command`` the password is that command's output."""
         password = PasswordSource.from_command(password_command).get() if password_command else None
-        conn = connect(url, password=password, program_name=program_name(command))
+        # doing="": a failed connect in the sink's words, which the CLI prefixes with the
+        # command's name (a TransientError: never "lost the connection")
+        conn = connect(url, password=password, program_name=program_name(command), doing="")
         return cls(conn)
 
     def role_info(self) -> RoleInfo:
