@@ -182,14 +182,24 @@ def test_mariadb_planning_refuses_postgresql_only_options(
 
 
 def test_the_cli_opens_a_mariadb_url_and_tells_its_drivers_errors() -> None:
-    """The operator's commands on MariaDB (tests/mariadb/test_cli.py runs them): a refused
-    connection is PyMySQL's error, told as a lost connection, quoting no secret."""
+    """The operator's commands on MariaDB (tests/mariadb/test_cli.py runs them): a connect
+    that fails is said in the sink's words (a TransientError naming the server and why,
+    never "lost the connection": atk-mdb3), quoting no secret; PyMySQL's own errors of
+    the session (here a plain connect's) are told apart by driver_error."""
+    from sqlsink.errors import TransientError
+    from sqlsink.mariadb.connection import connect
+
     database = open_database(URL)
     assert Capability.ADMIN_COMMANDS in database.capabilities
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(TransientError) as caught:
         database.open_admin(URL, "status", None)
-    failed = database.driver_error(caught.value)
-    assert failed is not None and failed.fault is DriverFault.CONNECTION, caught.value
+    text = str(caught.value)
+    assert text.startswith("cannot connect to MariaDB at db.invalid:3306"), text
+    assert "host name does not resolve" in text and "s3cret" not in text, text
+    with pytest.raises(Exception) as raw:
+        connect(URL)
+    failed = database.driver_error(raw.value)
+    assert failed is not None and failed.fault is DriverFault.CONNECTION, raw.value
     assert "s3cret" not in failed.diag and database.driver_error(ValueError("x")) is None
 
 
