@@ -417,7 +417,9 @@ class ForgetDocument(Envelope):
     decisions: int  # decisions removed
     first_batch: int | None
     last_batch: int | None
-    message: str | None  # why it was refused
+    # why it was refused (exit 1): unfinished transactions, a live run, or the sink's lock
+    # still held after `--lock-timeout` (then `warnings` holds the refusal with its fix)
+    message: str | None
     # once forgotten: what a query restarted from its old checkpoint would do (it replays
     # its last batch against the empty log, writing its rows again); for a named batch
     # load's sink, what a re-run of that load would do (write its rows again)

@@ -569,7 +569,7 @@ class MemoryBackend:
         if not self.acquire_sink_lock(sink_id, timeout).held:
             holder = self.server.advisory.get((self.database, lock_key(sink_id)))
             raise TransientError(
-                f"sink {sink_id}: waited {timeout:.0f} s for the sink lock, held by "
+                f"sink {sink_id}: waited {timeout:g} s for the sink lock, held by "
                 f"pid {holder.pid if holder else '?'}",
                 sink_id=sink_id,
             )
