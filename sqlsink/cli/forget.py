@@ -73,9 +73,10 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
                 raise
             # a refusal, as recover's (exit 1), in this command's words: its --lock-timeout
             held_by = f"held by {exc.context['held_by']}"
-            doc["message"] = lock_still_held(args.lock_timeout, held_by, "nothing was removed")
+            refused = lock_still_held(args.lock_timeout, held_by, "nothing was removed")
             fix = lock_held_fix("forget", conn.terms().end_session)
-            doc["warnings"] = [Notice("warning", doc["message"], fix, args.sink_id).as_json()]
+            doc["message"] = refused
+            doc["warnings"] = [Notice("warning", refused, fix, args.sink_id).as_json()]
         else:
             if not gone.known:
                 listed = ", ".join(gone.others) or "none"
