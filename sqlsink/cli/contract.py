@@ -229,7 +229,7 @@ class BatchFiguresJson(TypedDict):
     slowest_write_ms: float | None
     prepare_to_decision_ms: float | None  # the last partition's PREPARE to the decision written
     decision_ms: float  # the decision's write
-    commit_prepared_ms: float  # the COMMIT PREPAREDs
+    commit_prepared_ms: float  # the COMMIT PREPAREDs (MariaDB: the XA COMMITs)
     completion_ms: float  # the rest: reading, orphans' rollbacks, marking it complete
     commit_ms: float  # commit_prepared_ms + completion_ms
     orphans: int
@@ -351,7 +351,7 @@ class HiddenBatchJson(TypedDict):
     partitions_hidden: int  # committed partitions (their markers are visible)
     rows_hidden: int
     partitions: int | None  # the partitions its decision names; null: no decision left
-    prepared: int  # of those, still prepared: their COMMIT PREPARED is awaited
+    prepared: int  # of those, still prepared: their COMMIT PREPARED (XA COMMIT) is awaited
     reason: str  # why it is not complete, and what finishes it
 
 

@@ -69,6 +69,7 @@ from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
     COMMIT_PREPARED,
+    ROLLBACK_PREPARED,
     BatchFigures,
     Binding,
     Decision,
@@ -550,6 +551,10 @@ class MemoryBackend:
     @property
     def commit_statement(self) -> str:
         return "XA COMMIT" if self.server.mariadb else COMMIT_PREPARED
+
+    @property
+    def rollback_statement(self) -> str:
+        return "XA ROLLBACK" if self.server.mariadb else ROLLBACK_PREPARED
 
     @property
     def finisher_role(self) -> str | None:
