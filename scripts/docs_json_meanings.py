@@ -22,7 +22,7 @@ MEANINGS: dict[str, str] = {
     "ActionJson.sink_id": ("parsed from the gid; null when it is not a sqlsink gid"),
     "BatchFiguresJson.bytes_sent": ("null unless every such partition counted what it sent"),
     "BatchFiguresJson.commit_ms": ("the last two together"),
-    "BatchFiguresJson.commit_prepared_ms": ("the COMMIT PREPAREDs"),
+    "BatchFiguresJson.commit_prepared_ms": ("the COMMIT PREPAREDs (MariaDB: the XA COMMITs)"),
     "BatchFiguresJson.completion_ms": (
         "the rest of the commit: reading the prepared transactions and decisions, rolling "
         "back orphans, marking the batch complete"

@@ -260,7 +260,7 @@ The process exit code, also in the document as `exit_code`:
 |---|---|
 | 0 | nothing wrong; everything resolved |
 | 1 | warnings, or something left to do (a dry run with actions, a live run's transactions \
-left, a sink whose lock stayed held) |
+left, a sink whose lock stayed held past `--lock-timeout`: `recover` and `forget` refuse it) |
 | 2 | usage, connection, permission or configuration error: nothing, or not all, was done |
 | 3 | data loss: a decided transaction is neither prepared nor committed |
 

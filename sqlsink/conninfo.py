@@ -16,7 +16,15 @@ from typing import Any
 
 from sqlsink.credentials import PasswordSource, known_passwords
 from sqlsink.errors import ConfigError
-from sqlsink.urlparts import MARIADB_SCHEMES, is_mariadb, mariadb_params, redact, scheme_of
+from sqlsink.urlparts import (
+    MARIADB_SCHEMES,
+    drop_password,
+    is_mariadb,
+    mariadb_params,
+    redact,
+    scheme_of,
+    userinfo_problem,
+)
 
 __all__ = [
     "MARIADB_SCHEMES",
@@ -45,11 +53,12 @@ ACCEPTED = (
 
 def scheme_problem(url: str) -> str | None:
     """Why the sink cannot write to the database ``url`` names, by its scheme alone (no
-    server, no parse of the rest): None for a PostgreSQL, MariaDB or MySQL URL or a
-    key=value string."""
+    server, no parse of the rest), or why its user info cannot be read as written (an
+    unencoded '/', '?' or '#': urlparts.userinfo_problem); None for a PostgreSQL, MariaDB
+    or MySQL URL or a key=value string."""
     scheme = scheme_of(url)
     if scheme is None or scheme in POSTGRES_SCHEMES or scheme in MARIADB_SCHEMES:
-        return None
+        return userinfo_problem(url)
     return f"url {shown(url)!r}: {scheme}:// is not a database sqlsink writes to; give {ACCEPTED}"
 
 
@@ -78,6 +87,8 @@ def params_of(url: str) -> dict[str, Any]:
     if is_mariadb(url):
         return mariadb_params(url)
     url = url.removeprefix("jdbc:")
+    if problem := userinfo_problem(url):
+        raise ConfigError(problem)
     import psycopg  # libpq's parser: PostgreSQL's URLs only (the MariaDB backend lacks it)
 
     try:
@@ -89,7 +100,8 @@ def params_of(url: str) -> dict[str, Any]:
             f"invalid url {shown(url)!r}: it is neither a postgresql:// URI nor a key=value "
             "connection string that libpq can read. In a URI, percent-encode special "
             "characters of the user and password ('%' as %25, '@' as %40, ':' as %3A, "
-            "'/' as %2F); in key=value form, quote values with spaces ('...'); or pass the "
+            "'/' as %2F, '?' as %3F, '#' as %23); in key=value form, quote values with "
+            "spaces ('...'); or pass the "
             "password with the password option (or PGPASSWORD / .pgpass)"
         ) from None
 
@@ -133,7 +145,7 @@ def without_password(url: str) -> tuple[str, bool]:
     """The connection string with any password left out (not masked: a fix line must be
     pasteable, the password then comes from PGPASSWORD or ~/.pgpass); whether one was."""
     if "://" in url:
-        bare = re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1@", url)
+        bare = drop_password(url)  # even one whose '/', '#', '?' or '@' is not encoded
         bare = re.sub(r"([?&])password=[^&#]*&?", r"\1", bare, flags=re.IGNORECASE)
         bare = re.sub(r"[?&]$", "", bare)
     else:

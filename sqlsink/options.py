@@ -580,7 +580,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "transactionTimeout",
         "—",
         "as in Flink: the time a batch's transactions may stay open (first write → `COMMIT "
-        "PREPARED`)",
+        "PREPARED`, `XA COMMIT` on MariaDB)",
     ),
     OptionSpec(
         "transactionTimeoutWarningRatio",

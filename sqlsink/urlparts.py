@@ -32,6 +32,8 @@ def mariadb_params(url: str) -> dict[str, Any]:
     (None when absent) and the other query parameters; a ConfigError quoting no secret
     when it cannot be read."""
     text = url.strip().removeprefix("jdbc:")
+    if problem := userinfo_problem(text):
+        raise ConfigError(problem)
     try:
         parts = urllib.parse.urlsplit(text)
         port = parts.port
@@ -39,7 +41,8 @@ def mariadb_params(url: str) -> dict[str, Any]:
         raise ConfigError(
             f"invalid url {redact(url.strip().removeprefix('jdbc:'))!r}: a MariaDB or MySQL URL is "
             "mariadb://user:password@host:port/database (percent-encode special characters "
-            "of the user and password: '%' as %25, '@' as %40, ':' as %3A, '/' as %2F)"
+            "of the user and password: '%' as %25, '@' as %40, ':' as %3A, '/' as %2F, "
+            "'?' as %3F, '#' as %23)"
         ) from None
     query = dict(urllib.parse.parse_qsl(parts.query))
     user = query.pop("user", None) or (
@@ -59,8 +62,65 @@ def mariadb_params(url: str) -> dict[str, Any]:
     }
 
 
+# a query parameter's value up to an '@' in it ('?application_name=me@there'): such an
+# '@' ends no user info
+_QUERY_VALUE = re.compile(r"[?&][A-Za-z_][A-Za-z0-9_.-]*=[^&#@?]*$")
+
+
+def _passwords(text: str) -> list[tuple[int, int]]:
+    """Where the passwords of the URLs in ``text`` are: (start, end) of each, ':' and '@'
+    excluded. A URL is ``scheme://`` and the characters up to whitespace; its user info
+    ends at its last '@' (as a human reads ``mariadb://u:pa/ss@host/db``, whose unencoded
+    '/', '#', '?' or '@' a parser takes for the end of the user info), not counting an '@'
+    in a query parameter's value; its password starts after the user info's first ':'."""
+    found: list[tuple[int, int]] = []
+    for match in re.finditer(r"://(\S*)", text):
+        start, rest = match.start(1), match.group(1)
+        ats = [i for i, c in enumerate(rest) if c == "@" and not _QUERY_VALUE.search(rest[:i])]
+        if not ats or ":" not in rest[: ats[-1]]:
+            continue
+        found.append((start + rest.index(":") + 1, start + ats[-1]))
+    return found
+
+
+def _without(text: str, spans: list[tuple[int, int]], put: str) -> str:
+    for start, end in reversed(spans):
+        text = text[:start] + put + text[end:]
+    return text
+
+
+def userinfo_problem(url: str) -> str | None:
+    """Why ``url``'s user info cannot be read as written: a '/', '?' or '#' in it, not
+    percent-encoded, ends it for every parser (libpq reads ``postgresql://u:pa/ss@h/db``
+    as host u, port pa) while a human reads it to the last '@'. None when there is none
+    or its authority has an '@' of its own (the parsers read that one)."""
+    text = url.strip().removeprefix("jdbc:")
+    match = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://(\S*)", text)
+    if match is None:
+        return None
+    rest = match.group(1)
+    cut = re.search(r"[/?#]", rest)
+    if cut is None or "@" in rest[: cut.start()]:
+        return None
+    ats = [i for i, c in enumerate(rest) if c == "@" and not _QUERY_VALUE.search(rest[:i])]
+    if not ats or ats[-1] < cut.start():
+        return None
+    return (
+        f"url {redact(text)!r}: its user or password holds a {cut.group()!r} that is not "
+        "percent-encoded, which ends the user and password for the URL's parser; "
+        "percent-encode special characters of the user and password: '%' as %25, "
+        "'@' as %40, ':' as %3A, '/' as %2F, '?' as %3F, '#' as %23"
+    )
+
+
+def drop_password(url: str) -> str:
+    """The URL (or text) with each URL's password and its ':' left out, however unencoded."""
+    return _without(url, [(start - 1, end) for start, end in _passwords(url)], "")
+
+
 def redact(url: str) -> str:
-    """The connection string with any password replaced by '***'."""
-    url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
+    """The connection string (or any text quoting one) with any password replaced by
+    '***', even one whose '/', '#', '?' or '@' is not percent-encoded."""
+    url = _without(url, _passwords(url), "***")
     url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
     return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)

@@ -229,7 +229,7 @@ class BatchFiguresJson(TypedDict):
     slowest_write_ms: float | None
     prepare_to_decision_ms: float | None  # the last partition's PREPARE to the decision written
     decision_ms: float  # the decision's write
-    commit_prepared_ms: float  # the COMMIT PREPAREDs
+    commit_prepared_ms: float  # the COMMIT PREPAREDs (MariaDB: the XA COMMITs)
     completion_ms: float  # the rest: reading, orphans' rollbacks, marking it complete
     commit_ms: float  # commit_prepared_ms + completion_ms
     orphans: int
@@ -351,7 +351,7 @@ class HiddenBatchJson(TypedDict):
     partitions_hidden: int  # committed partitions (their markers are visible)
     rows_hidden: int
     partitions: int | None  # the partitions its decision names; null: no decision left
-    prepared: int  # of those, still prepared: their COMMIT PREPARED is awaited
+    prepared: int  # of those, still prepared: their COMMIT PREPARED (XA COMMIT) is awaited
     reason: str  # why it is not complete, and what finishes it
 
 
@@ -417,7 +417,9 @@ class ForgetDocument(Envelope):
     decisions: int  # decisions removed
     first_batch: int | None
     last_batch: int | None
-    message: str | None  # why it was refused
+    # why it was refused (exit 1): unfinished transactions, a live run, or the sink's lock
+    # still held after `--lock-timeout` (then `warnings` holds the refusal with its fix)
+    message: str | None
     # once forgotten: what a query restarted from its old checkpoint would do (it replays
     # its last batch against the empty log, writing its rows again); for a named batch
     # load's sink, what a re-run of that load would do (write its rows again)

@@ -1,8 +1,9 @@
 """``sqlsink forget``: remove a retired sink's commit log, so that its sink id can be
 used again. It refuses while anything of the sink is unfinished (prepared
 transactions, incomplete batches, a live run): that is what the log is there to
-complete. Exit 0: removed (a sink with no decided batch too); 1: refused; 2: errors (an
-unknown sink among them, with the known sinks listed).
+complete. Exit 0: removed (a sink with no decided batch too); 1: refused (the sink's
+lock still held after --lock-timeout among them, as recover refuses a sink); 2: errors
+(an unknown sink among them, with the known sinks listed).
 """
 
 from __future__ import annotations
@@ -11,8 +12,17 @@ import argparse
 
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import Envelope, ForgetDocument
-from sqlsink.cli.output import EXIT_OK, EXIT_WARN, CliError, Output, header
-from sqlsink.errors import ConfigError
+from sqlsink.cli.output import (
+    EXIT_OK,
+    EXIT_WARN,
+    CliError,
+    Notice,
+    Output,
+    header,
+    lock_held_fix,
+    lock_still_held,
+)
+from sqlsink.errors import ConfigError, TransientError
 
 LOCK_TIMEOUT_S = 10.0
 
@@ -58,6 +68,15 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
             gone = conn.forget_sink(args.sink_id, args.lock_timeout)
         except ConfigError as exc:
             doc["message"] = exc.message
+        except TransientError as exc:
+            if "held_by" not in exc.context:  # not the sink lock's wait: a lost connection
+                raise
+            # a refusal, as recover's (exit 1), in this command's words: its --lock-timeout
+            held_by = f"held by {exc.context['held_by']}"
+            refused = lock_still_held(args.lock_timeout, held_by, "nothing was removed")
+            fix = lock_held_fix("forget", conn.terms().end_session)
+            doc["message"] = refused
+            doc["warnings"] = [Notice("warning", refused, fix, args.sink_id).as_json()]
         else:
             if not gone.known:
                 listed = ", ".join(gone.others) or "none"
@@ -78,6 +97,8 @@ def run(args: argparse.Namespace, out: Output, doc: ForgetDocument) -> int:
         header(out, "forget", me)
         if doc["message"]:
             out.line(f"refused: {doc['message']}")
+            for fix in [w["fix"] for w in doc["warnings"] if w["fix"]]:
+                out.line(f"fix: {fix}")
         elif doc["decisions"]:
             out.line(
                 f"forgot sink {args.sink_id}: {doc['decisions']} decided batch(es), "

@@ -186,6 +186,23 @@ def exit_code(warnings: Sequence[Notice], lost: bool = False, failed: bool = Fal
 # -- the human report ---------------------------------------------------------------------
 
 
+def lock_still_held(timeout_s: float, evidence: str, nothing: str) -> str:
+    """recover's and forget's refusal when the sink's lock is still held after their
+    --lock-timeout: the wait as given ('0.5s'), who holds it, what was not done."""
+    return f"the sink's lock is still held after {timeout_s:g}s ({evidence}); {nothing}"
+
+
+def lock_held_fix(command: str, end_session: str, declare: str = "") -> str:
+    """The fix of ``lock_still_held``: run ``command`` again (its own --lock-timeout, not
+    the sink's lockTimeout option); a holder stuck for longer: ``declare`` (recover's
+    --force), or end its session (``ServerTerms.end_session``)."""
+    return (
+        f"a committer holds the lock while it commits (seconds), a recover while it works: "
+        f"run {command} again, or with a longer --lock-timeout. A holder stuck for longer "
+        f"is a paused or cut-off driver: {declare}end the session: {end_session}"
+    )
+
+
 def header(out: Output, command: str, me: RoleInfo, extra: str = "") -> None:
     who = "superuser" if me.superuser else "not superuser"
     out.line(

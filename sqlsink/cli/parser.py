@@ -314,7 +314,8 @@ def _add_forget(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=forget.LOCK_TIMEOUT_S,
         metavar="DURATION",
         help="how long to wait for the sink's lock, which a committer\nor a recover holds "
-        f"while it works (default {forget.LOCK_TIMEOUT_S:.0f}s)",
+        f"while it works (default {forget.LOCK_TIMEOUT_S:.0f}s); still held then: refused "
+        "(exit 1), nothing removed",
     )
     p.set_defaults(handler=Command(forget.start, forget.run))
 
@@ -396,8 +397,8 @@ def _explain(exc: Exception, url: str | None) -> tuple[str, str | None, int] | N
         return exc.message, exc.fix, exc.exit_code
     if isinstance(exc, DataLossError):
         return exc.message, None, EXIT_LOSS
-    if isinstance(exc, TransientError):
-        return exc.message, CONNECT_FIX, EXIT_ERROR
+    if isinstance(exc, TransientError):  # a lock's wait names its own fix, not a connect's
+        return exc.message, None if "held_by" in exc.context else CONNECT_FIX, EXIT_ERROR
     if isinstance(exc, SqlsinkError):
         return exc.message, None, EXIT_ERROR
     try:

@@ -27,7 +27,14 @@ from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
 from sqlsink.cli.connect import identify, open_connection, require_schema
 from sqlsink.cli.contract import ActionResult, Envelope, RecoverDocument
 from sqlsink.cli.loss import confirmed_losses, loss_json
-from sqlsink.cli.output import CliError, Notice, Output, header, print_warnings
+from sqlsink.cli.output import (
+    CliError,
+    Notice,
+    Output,
+    header,
+    lock_still_held,
+    print_warnings,
+)
 from sqlsink.cli.recover_checkpoint import (
     check_checkpoint_binding,
     known_sinks,
@@ -300,9 +307,7 @@ class Recovery:
             return True
         sink.holders = self.conn.lock_holders(sink.sink_id) or sink.holders
         self._refuse(
-            sink,
-            f"the sink's lock is still held after {self.lock_timeout:g}s "
-            f"({sink.evidence()}); nothing was done for it",
+            sink, lock_still_held(self.lock_timeout, sink.evidence(), "nothing was done for it")
         )
         return False
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
-from sqlsink.cli.output import CliError, Notice, Output
+from sqlsink.cli.output import CliError, Notice, Output, lock_still_held
 from sqlsink.core.admin import AdminSession, RoleInfo, ServerTerms
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
@@ -141,9 +141,11 @@ class Decider:
         self.ended = list(take.ended)
         if not take.held:
             raise CliError(
-                f"sink {self.sink_id}: its lock is still held after {lock_timeout:g}s (a "
-                "committer or another recover holds it); nothing was decided",
-                "stop the query first, then run the command again",
+                f"sink {self.sink_id}: "
+                + lock_still_held(
+                    lock_timeout, "a committer or another recover holds it", "nothing was decided"
+                ),
+                "stop the query first, then run the command again, or with a longer --lock-timeout",
             )
         try:
             plans = self._check(wanted)

@@ -27,6 +27,7 @@ from sqlsink.cli.output import (
     Output,
     exit_code,
     format_age,
+    lock_held_fix,
     session_json,
 )
 from sqlsink.cli.recover_lost import lost_notice
@@ -204,11 +205,11 @@ def sink_warnings(
     fix_cmd = f"sqlsink recover --url {out.paste_url} --sink-id {sink.sink_id}{out.paste_note}"
     if sink.status == "refused":
         runs = " ".join(f"--run-id {r.run_id}" for r in sink.treated_live) or "--run-id RUN"
-        fix = (
-            "a committer holds the lock while it commits (seconds): run recover again. A "
-            "holder stuck for longer is a paused or cut-off driver: if its run is dead, "
-            f"declare it so: {fix_cmd} --force {runs} (this also ends its session when the "
-            f"run recorded it); or end the session: {terms.end_session}"
+        fix = lock_held_fix(
+            "recover",
+            terms.end_session,
+            f"if its run is dead, declare it so: {fix_cmd} --force {runs} (this also ends "
+            "its session when the run recorded it); or ",
         )
         warnings.append(Notice("warning", sink.message or "refused", fix, sink.sink_id))
     elif sink.status == "failed":

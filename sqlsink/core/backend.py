@@ -32,6 +32,12 @@ class TwoPhaseBackend(Protocol):
         ...
 
     @property
+    def rollback_statement(self) -> str:
+        """The database's statement that rolls back a prepared transaction, as the sink's
+        texts name it ("ROLLBACK PREPARED", "XA ROLLBACK")."""
+        ...
+
+    @property
     def finisher_role(self) -> str | None:
         """The role we act as when it can finish only its own prepared transactions;
         None for a superuser."""

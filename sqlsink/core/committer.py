@@ -324,19 +324,20 @@ class Committer:
         """Who can have rolled back a transaction of this batch before its decision. Not a
         newer run (this commit registered under the sink lock, so it would be fenced) nor
         this commit. The run, registered just now, is live unless an abort ended it."""
+        by_hand = self.backend.rollback_statement  # the database's own: XA ROLLBACK on MariaDB
         if run_id is None:
-            return "rolled back by sqlsink recover or by hand (ROLLBACK PREPARED)"
+            return f"rolled back by sqlsink recover or by hand ({by_hand})"
         if (self.required_sink(), run_id) not in self.backend.live_runs(self.sink_id):
             return (
                 f"rolled back by an abort of run {run_id} (Spark aborted a batch of it, or an "
                 "abort in this driver took it for its own: sqlsink status shows the run as "
-                "over), or by hand (ROLLBACK PREPARED)"
+                f"over), or by hand ({by_hand})"
             )
         return (
             f"rolled back by sqlsink recover while run {run_id} was not heard from within its "
             "timeout (no task of it started or prepared, no commit, no heartbeat: raise "
             "runTimeout above the longest such gap: docs/reference/options.md, "
-            "'runTimeout'), or by hand (ROLLBACK PREPARED)"
+            f"'runTimeout'), or by hand ({by_hand})"
         )
 
     def abort_batch(

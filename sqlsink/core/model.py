@@ -216,9 +216,11 @@ class PartitionFigures:
     write_ms: float
 
 
-# PostgreSQL's statement that commits a prepared transaction: the texts' default word
-# (each backend says its own: TwoPhaseBackend.commit_statement)
+# PostgreSQL's statements that commit and roll back a prepared transaction: the texts'
+# default words (each backend says its own: TwoPhaseBackend.commit_statement and
+# rollback_statement; MariaDB's are XA COMMIT and XA ROLLBACK)
 COMMIT_PREPARED = "COMMIT PREPARED"
+ROLLBACK_PREPARED = "ROLLBACK PREPARED"
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from sqlsink.mariadb.connection import LOG_DATABASE, Connection, connect, errno,
 from sqlsink.mariadb.errors import RETRIED, translated
 
 COMMIT_STATEMENT = "XA COMMIT"  # what commits a prepared branch (TwoPhaseBackend.commit_statement)
+ROLLBACK_STATEMENT = "XA ROLLBACK"  # and what rolls one back (TwoPhaseBackend.rollback_statement)
 
 XAER_NOTA = 1397  # the xid is not known (not prepared, or still attached to its session)
 XA_RBROLLBACK = 1402  # the branch was rolled back (by the server): gone
@@ -116,6 +117,10 @@ class MariaDBBackend:
     @property
     def commit_statement(self) -> str:
         return COMMIT_STATEMENT
+
+    @property
+    def rollback_statement(self) -> str:
+        return ROLLBACK_STATEMENT
 
     def cut_session(self, url: str) -> None:
         with self._doing("asking its session's id"):

@@ -161,14 +161,17 @@ def end_fenced_holders(conn: Connection, db: str, sink_id: str | None) -> list[i
 
 
 def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> TransientError:
+    """The sink's own words (its option lockTimeout); the commands tell ``held_by`` with
+    their own (their --lock-timeout: sqlsink.cli.output.lock_still_held)."""
     holder = _holder(conn, sink_id)
     who = f"connection {holder}" if holder is not None else "nobody any more"
     return TransientError(
-        f"sink {sink_id}: waited {timeout_s:.0f} s for the sink lock (named lock "
+        f"sink {sink_id}: waited {timeout_s:g} s for the sink lock (named lock "
         f"{lock_name(sink_id)!r}), held by {who}. Committers, task resolutions and sqlsink "
         "recover of one sink take turns under it; a holder this long is stuck (a paused "
         "driver, a half-open connection). If it is, end it: KILL CONNECTION id; or raise "
         "lockTimeout",
         sink_id=sink_id,
         holders=[] if holder is None else [holder],
+        held_by=who,
     )

@@ -14,6 +14,7 @@ from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
     COMMIT_PREPARED,
+    ROLLBACK_PREPARED,
     BatchFigures,
     Binding,
     Decision,
@@ -65,6 +66,10 @@ class PostgresBackend:
     @property
     def commit_statement(self) -> str:
         return COMMIT_PREPARED
+
+    @property
+    def rollback_statement(self) -> str:
+        return ROLLBACK_PREPARED
 
     @property
     def database(self) -> str:

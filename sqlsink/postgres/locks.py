@@ -232,15 +232,19 @@ def sink_lock_holders(conn: Connection, sink_id: str | None) -> list[Holder]:
 
 
 def lock_wait_error(conn: Connection, sink_id: str | None, timeout_s: float) -> TransientError:
+    """The sink's own words (its option lockTimeout); the commands tell ``held_by`` with
+    their own (their --lock-timeout: sqlsink.cli.output.lock_still_held)."""
     holders = sink_lock_holders(conn, sink_id)
+    held_by = describe_holders(holders)
     return TransientError(
-        f"sink {sink_id}: waited {timeout_s:.0f} s for the sink lock, held by "
-        f"{describe_holders(holders)}. Committers, task resolutions and sqlsink recover of "
+        f"sink {sink_id}: waited {timeout_s:g} s for the sink lock, held by "
+        f"{held_by}. Committers, task resolutions and sqlsink recover of "
         "one sink take turns under it; a holder this long is stuck (a paused driver, a "
         "half-open connection). If it is, end it: SELECT pg_terminate_backend(pid); or "
         "raise lockTimeout",
         sink_id=sink_id,
         holders=[h.pid for h in holders],
+        held_by=held_by,
     )
 
 

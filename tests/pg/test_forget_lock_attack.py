@@ -24,11 +24,16 @@ def test_forget_lock_timeout_says_how_long_it_waited_and_a_true_fix(db: Db) -> N
             "forget", "--json", "--sink-id", "a", "--lock-timeout", "500ms", "--url", db.url
         )
         took = time.monotonic() - started
-    error = done.json["error"]
-    assert error is not None, done.out + done.err
+    # a held lock is a refusal, as recover's (exit 1: docs/reference/json.md), not an
+    # error: the refusal's words are the document's message and its warning's fix
+    assert done.code == 1 and done.json["error"] is None, done.out + done.err
+    assert done.json["forgotten"] is False
     assert took < 10, took
-    message, fix = error["message"], error["fix"] or ""
+    message, fix = done.json["message"], done.json["warnings"][0]["fix"] or ""
+    assert done.json["warnings"][0]["message"] == message
     assert f"pid {pid}" in message, message
     assert "waited 0 s" not in message, message
     assert "--lock-timeout" in message + fix, (message, fix)
     assert "check that the server is up" not in fix, fix
+    assert "still held after 0.5s" in message and "lockTimeout" not in message + fix
+    assert "pg_terminate_backend" in fix, fix

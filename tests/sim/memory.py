@@ -69,6 +69,7 @@ from sqlsink.core.checkpoint_check import LogCoverage, RunCheck, Verdict
 from sqlsink.core.gid import Gid
 from sqlsink.core.model import (
     COMMIT_PREPARED,
+    ROLLBACK_PREPARED,
     BatchFigures,
     Binding,
     Decision,
@@ -552,6 +553,10 @@ class MemoryBackend:
         return "XA COMMIT" if self.server.mariadb else COMMIT_PREPARED
 
     @property
+    def rollback_statement(self) -> str:
+        return "XA ROLLBACK" if self.server.mariadb else ROLLBACK_PREPARED
+
+    @property
     def finisher_role(self) -> str | None:
         if self.server.mariadb:
             return None  # any user may finish any branch
@@ -569,7 +574,7 @@ class MemoryBackend:
         if not self.acquire_sink_lock(sink_id, timeout).held:
             holder = self.server.advisory.get((self.database, lock_key(sink_id)))
             raise TransientError(
-                f"sink {sink_id}: waited {timeout:.0f} s for the sink lock, held by "
+                f"sink {sink_id}: waited {timeout:g} s for the sink lock, held by "
                 f"pid {holder.pid if holder else '?'}",
                 sink_id=sink_id,
             )

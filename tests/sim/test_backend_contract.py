@@ -1027,6 +1027,19 @@ def test_handovers_keep_each_runs_latest_batch(harness: Harness, sinks: list[str
 # -- MariaDB's differences, per flavour (memory.py's flavours against the real ones) ------
 
 
+def test_the_backend_names_its_own_commit_and_rollback_statements(
+    harness: Harness, sinks: list[str]
+) -> None:
+    """The texts name the database's statements (the committer's 'rolled back ... by hand
+    (XA ROLLBACK)' on MariaDB): each flavour says its own, as the real backends do."""
+    b = harness.session()
+    words = (b.commit_statement, b.rollback_statement)
+    mariadb = ("XA COMMIT", "XA ROLLBACK")
+    assert words == (
+        mariadb if harness.flavour == MARIADB else ("COMMIT PREPARED", "ROLLBACK PREPARED")
+    )
+
+
 def test_a_prepared_branch_is_finished_by_another_session_once_its_preparer_ended(
     harness: Harness, sinks: list[str]
 ) -> None:

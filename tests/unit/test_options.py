@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlsink.conninfo import redact, without_password
+from sqlsink.conninfo import params_of, redact, without_password
 from sqlsink.errors import ConfigError
 from sqlsink.options import Semantic, SinkOptions, checkpoint_query_id, parse_duration
 from sqlsink.postgres.connection import conninfo, scrub
@@ -75,6 +75,34 @@ def test_password_never_in_repr_or_redacted_urls() -> None:
     assert "hunter2" not in redact("host=db password='hun ter2' user=app")
     assert "hunter2" not in redact("postgresql://db/shop?password=hunter2&sslmode=off")
     assert scrub("failed for hunter2", "postgresql://app:hunter2@db/shop") == "failed for ***"
+
+
+@pytest.mark.parametrize("char", ["/", "#", "?", "@"])
+@pytest.mark.parametrize("scheme", ["postgresql", "mariadb", "jdbc:mysql"])
+def test_a_password_with_an_unencoded_special_character_is_redacted(scheme: str, char: str) -> None:
+    """The user info ends at the URL's last '@' (as a human reads it), not at the first
+    '/', '#' or '?': libpq reads 'postgresql://u:pa/ss@h/db' as host u, port pa."""
+    url = f"{scheme}://app:hun{char}ter2@db:5432/shop"
+    said = f"invalid url {url!r}: percent-encode it"
+    assert redact(url) == f"{scheme}://app:***@db:5432/shop"
+    assert "ter2" not in redact(said) and "hun" not in redact(said)
+    bare, had = without_password(url)
+    assert had and bare == f"{scheme}://app@db:5432/shop"
+    if char != "@":  # the parsers end the user info at the '/', '#' or '?': refused
+        with pytest.raises(ConfigError) as caught:
+            SinkOptions.parse({"url": url, "table": "t"})
+        assert "ter2" not in str(caught.value) and "hun" not in str(caught.value)
+        assert f"{char!r} that is not percent-encoded" in str(caught.value)
+        with pytest.raises(ConfigError) as caught:
+            params_of(url)
+        assert "ter2" not in str(caught.value) and "hun" not in str(caught.value)
+
+
+def test_an_at_sign_in_a_query_value_ends_no_user_info() -> None:
+    url = "postgresql://app:hunter2@db/shop?application_name=me@there"
+    assert redact(url) == "postgresql://app:***@db/shop?application_name=me@there"
+    assert redact("postgresql://db/shop?application_name=me@there").endswith("me@there")
+    assert redact("postgresql://me@corp:hunter2@db/shop") == "postgresql://me@corp:***@db/shop"
 
 
 def test_jdbc_prefix_and_password_option() -> None:
