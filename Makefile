@@ -8,6 +8,11 @@ PY     := $(CURDIR)/$(VENV)/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
+# make test runs the test files on this many processes (tests/fix_xdist.py: most tests
+# wait on servers, kills and timeouts); TEST_WORKERS=0 runs them in this one
+TEST_WORKERS ?= 3
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 .PHONY: setup demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
@@ -33,7 +38,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 bench: setup
 	bash scripts/ensure-jdbc.sh

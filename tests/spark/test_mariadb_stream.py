@@ -2,12 +2,14 @@
 (tests/fix_mariadb.py), ``url=mariadb://...``.
 
 - ``format("sqlsink")``: every record exactly once; the driver SIGKILLed before the
-  decision, between two ``XA COMMIT``s (fault ``mid_commit``) and after the decision,
-  then the query restarted from its checkpoint: every record once, nothing of the sink
-  left in ``XA RECOVER``; before the restart after a kill before the decision, an
-  operator's ``sqlsink status`` and ``recover --checkpoint`` with the query's real
-  checkpoint (the commands' other cases: tests/mariadb/test_cli.py). A batch write all
-  or nothing.
+  decision and after it, then the query restarted from its checkpoint: every record
+  once, nothing of the sink left in ``XA RECOVER`` (the kill between two ``XA COMMIT``s,
+  ``mid_commit``, is killed at the protocol level in tests/mariadb/test_crash.py, through
+  Spark on PostgreSQL in tests/spark/test_crash.py, and among the protocol steps the
+  MariaDB chaos rounds draw their kills from: one driver JVM less here); before the
+  restart after a kill before the decision, an operator's ``sqlsink status`` and
+  ``recover --checkpoint`` with the query's real checkpoint (the commands' other cases:
+  tests/mariadb/test_cli.py). A batch write all or nothing.
 - The foreachBatch writer: one batch into two tables, atomically (a part that fails
   leaves nothing of the batch in the other table, nothing prepared)."""
 
@@ -125,7 +127,6 @@ def test_a_stream_writes_every_record_once(
     ("point", "decided_then", "left_then"),
     [
         ("before_decision", {0: True}, 2),  # batch 1 prepared, undecided
-        ("mid_commit", {0: True, 1: False}, 1),  # one branch committed, one prepared
         ("after_decision", {0: True, 1: False}, 2),  # decided, nothing committed yet
     ],
 )
@@ -145,11 +146,7 @@ def test_driver_killed_at_a_step_then_restarted(
     assert decided(mariadb_server, sink_id) == decided_then
     left = [g for g in sink_branches(mariadb_server) if f"_{sink_id}_" in f"_{g}_"]
     assert len(left) == left_then, left
-    seen = ids(mariadb_server, mtable)
-    if point == "mid_commit":
-        assert set(range(30)) < set(seen) < set(range(70))  # batch 1 half visible
-    else:
-        assert seen == list(range(30))  # nothing of batch 1 visible
+    assert ids(mariadb_server, mtable) == list(range(30))  # nothing of batch 1 visible
     if point == "before_decision":
         operator_recovers_with_the_checkpoint(url, mtable, tmp_path / "chk", sink_id, left)
     run_query(spark, tmp_path / "src", tmp_path / "chk", {"url": url, "table": mtable})
