@@ -15,6 +15,7 @@ PLOTS = {
     "img/scaling.png": "results_issue16.png",
     "img/commit_phases.png": "commit_phases.png",
     "img/view_cost.png": "view_cost.png",
+    "img/mariadb_peers.png": "mariadb_peers_quiet.png",
 }
 
 
