@@ -220,7 +220,8 @@ def test_ctrl_c_stops_the_server_cleanly(log_url: str) -> None:
     with exporter(log_url) as served:
         assert parse(served.get())[("sqlsink_up", ())] == 1
         served.process.send_signal(signal.SIGINT)
-        assert served.process.wait(10) == 0
+        # about 0.6 s here; once over 10 s with three test processes on two cores
+        assert served.process.wait(30) == 0
         assert "stopped" in served.stderr()
 
 
