@@ -62,9 +62,10 @@ def mariadb_params(url: str) -> dict[str, Any]:
     }
 
 
-# a query parameter's value up to an '@' in it ('?application_name=me@there'): such an
+# a query parameter's value, '@'s in it included ('?application_name=me@there'): such an
 # '@' ends no user info
-_QUERY_VALUE = re.compile(r"[?&][A-Za-z_][A-Za-z0-9_.-]*=[^&#@?]*$")
+_QUERY_VALUE = re.compile(r"[?&][A-Za-z_][A-Za-z0-9_.-]*=[^&#?]*$")
+_SPACE_THEN_AT = re.compile(r"(\s+)(\S*@)")  # whitespace, then a token holding an '@'
 
 
 def _passwords(text: str) -> list[tuple[int, int]]:
@@ -72,11 +73,24 @@ def _passwords(text: str) -> list[tuple[int, int]]:
     excluded. A URL is ``scheme://`` and the characters up to whitespace; its user info
     ends at its last '@' (as a human reads ``mariadb://u:pa/ss@host/db``, whose unencoded
     '/', '#', '?' or '@' a parser takes for the end of the user info), not counting an '@'
-    in a query parameter's value; its password starts after the user info's first ':'."""
+    in a query parameter's value; its password starts after the user info's first ':'.
+    A URL with a ':' but no '@' before whitespace goes on across it while the next token
+    holds an '@' (``postgresql://u:pw\n@h/db``: a password read from a file with its
+    newline): a text is rather hidden too much than a password shown."""
     found: list[tuple[int, int]] = []
     for match in re.finditer(r"://(\S*)", text):
         start, rest = match.start(1), match.group(1)
         ats = [i for i, c in enumerate(rest) if c == "@" and not _QUERY_VALUE.search(rest[:i])]
+        if not ats and ":" in rest:
+            end = match.end(1)
+            for _ in range(3):  # at most three whitespace runs
+                more = _SPACE_THEN_AT.match(text, end)
+                if more is None:
+                    break
+                rest, end = text[start : more.end(2)], more.end(2)
+                ats = [len(rest) - 1]
+                if "@" in more.group(2)[:-1] or not _SPACE_THEN_AT.match(text, end):
+                    break
         if not ats or ":" not in rest[: ats[-1]]:
             continue
         found.append((start + rest.index(":") + 1, start + ats[-1]))
@@ -90,17 +104,31 @@ def _without(text: str, spans: list[tuple[int, int]], put: str) -> str:
 
 
 def userinfo_problem(url: str) -> str | None:
-    """Why ``url``'s user info cannot be read as written: a '/', '?' or '#' in it, not
-    percent-encoded, ends it for every parser (libpq reads ``postgresql://u:pa/ss@h/db``
-    as host u, port pa) while a human reads it to the last '@'. None when there is none
-    or its authority has an '@' of its own (the parsers read that one)."""
+    """Why ``url``'s user info cannot be read as written: whitespace in the URL (a
+    password read from a file with its newline), or a '/', '?' or '#' in the user info,
+    not percent-encoded, which ends it for every parser (libpq reads
+    ``postgresql://u:pa/ss@h/db`` as host u, port pa) while a human reads it to the last
+    '@'. None when there is none: no authority, an '@' of its own in the authority (the
+    parsers read that one), an authority that is a host and a port
+    (``postgresql://h:5432/db@x``: database ``db@x``), or no ':' (no password to
+    mistake)."""
     text = url.strip().removeprefix("jdbc:")
-    match = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://(\S*)", text)
-    if match is None:
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if scheme is None:
         return None
-    rest = match.group(1)
+    if re.search(r"\s", text):
+        return (
+            f"url '{scheme.group(1)}://…' holds whitespace (a space, tab or newline), which "
+            "a URL cannot carry (not shown: it may be in the password): remove it (a "
+            "password read from a file keeps its newline) or percent-encode it (%20 for a "
+            "space, %0A for a newline)"
+        )
+    rest = text[scheme.end() :]
     cut = re.search(r"[/?#]", rest)
-    if cut is None or "@" in rest[: cut.start()]:
+    if cut is None or cut.start() == 0 or "@" in rest[: cut.start()]:
+        return None
+    authority = rest[: cut.start()]
+    if ":" not in authority or authority.rpartition(":")[2].isdigit():
         return None
     ats = [i for i, c in enumerate(rest) if c == "@" and not _QUERY_VALUE.search(rest[:i])]
     if not ats or ats[-1] < cut.start():
@@ -123,4 +151,4 @@ def redact(url: str) -> str:
     '***', even one whose '/', '#', '?' or '@' is not percent-encoded."""
     url = _without(url, _passwords(url), "***")
     url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    return re.sub(r"([?&]password=)[^&#\s]*", r"\1***", url, flags=re.IGNORECASE)
