@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import threading
+import time
 from typing import Any
 
 from sqlsink.errors import SqlsinkError, TransientError
@@ -22,7 +24,11 @@ Connection = Any  # pymysql.connections.Connection: PyMySQL ships no types
 LOG_DATABASE = "sqlsink"  # the commit log's database on the same server
 
 
-CONNECT_TIMEOUT_S = 10  # the TCP connect, and each read and write of the login
+CONNECT_TIMEOUT_S = 10  # the TCP connect, each read and write of the login, the login
+# the whole login's bound is connect_timeout and this: a read that stalls is given up by
+# its own read timeout first (the server "did not answer"), the watchdog ends a login
+# that answers, too slowly (the server "did not finish the login")
+LOGIN_MARGIN_S = 1.0
 
 
 def connect(
@@ -42,7 +48,11 @@ def connect(
     connect, and each read and write of the login (the server's greeting, the
     authentication, the session's settings) as a read and write timeout, as libmariadb's
     connect_timeout bounds the greeting; a server that accepts and never answers is given
-    up after it. The session itself then has no read or write timeout
+    up after it. The whole login (the TCP connect, the greeting, the authentication,
+    init_command and the settings below) ends within ``connect_timeout`` +
+    ``LOGIN_MARGIN_S``: a watchdog (``_Watchdog``) shuts the login's socket down then, so
+    a server that trickles its greeting a byte at a time (each read within the bound) is
+    given up too. The session itself then has no read or write timeout
     (``_end_login_timeouts``): a partition's load and a GET_LOCK wait may legitimately
     take longer than any fixed bound; ``bound_waits`` finds a vanished host instead.
 
@@ -63,7 +73,9 @@ def connect(
     named = database if database is not None else params["dbname"]
     timeout = kw.pop("connect_timeout", CONNECT_TIMEOUT_S)
     conn = None
+    watchdog = None
     try:
+        # defer_connect: the login on a socket of connect's own, which the watchdog ends
         conn = pymysql.connect(
             user=params["user"] or "",
             # as bytes: PyMySQL sends a text password as latin1, but the server hashed the
@@ -78,16 +90,30 @@ def connect(
             read_timeout=timeout,
             write_timeout=timeout,
             init_command="SET time_zone = '+00:00'",
+            defer_connect=True,
             **where,
             **kw,
         )
+        deadline = time.monotonic() + timeout + LOGIN_MARGIN_S
+        sock = _login_socket(conn)
+        watchdog = _Watchdog(sock, deadline - time.monotonic())
+        conn.connect(sock)
         bound_waits(conn)
         execute(conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         _end_login_timeouts(conn)
+        if watchdog.stop():
+            # it fired after the last read of the login: the socket is shut down
+            raise pymysql.err.OperationalError(2013, _unfinished(timeout))
     except BaseException as exc:
+        cut = watchdog is not None and watchdog.stop()
         if conn is not None:
             with contextlib.suppress(Exception):  # its socket may be closed already
                 conn.close()
+        if cut and isinstance(exc, (pymysql.err.MySQLError, OSError)):
+            # the watchdog's shutdown, not the server, ended the read or write
+            if doing is None:
+                raise pymysql.err.OperationalError(2013, _unfinished(timeout)) from exc
+            exc = pymysql.err.OperationalError(2013, _unfinished(timeout))
         if doing is None or not isinstance(exc, pymysql.err.MySQLError):
             raise
         place = where.get("unix_socket") or f"{where['host']}:{where['port']}"
@@ -100,8 +126,85 @@ def connect(
             doing,
             socket_path=where.get("unix_socket"),
             timeout_s=timeout,
+            unfinished=cut,
         ) from None
     return conn
+
+
+def _unfinished(timeout: float) -> str:
+    """PyMySQL's words for a login the watchdog ended (in not_connected's brackets)."""
+    ended = timeout + LOGIN_MARGIN_S
+    return f"Login not finished within {timeout:g} s (ended by sqlsink after {ended:g} s)"
+
+
+def _login_socket(conn: Connection) -> socket.socket:
+    """The connected socket ``Connection.connect(sock)`` logs in on, made as PyMySQL
+    makes its own (``Connection.connect``: a Unix socket, or TCP with connect_timeout,
+    TCP_NODELAY and keepalives; ``host_info`` and ``_secure`` set as it sets them) and
+    its failure raised as PyMySQL raises it (OperationalError 2003 naming the OSError,
+    which ``not_connected`` reads). TLS, should a caller pass ``ssl``, is unchanged:
+    PyMySQL wraps the given socket in ``_request_authentication``."""
+    import pymysql
+
+    try:
+        if conn.unix_socket:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(conn.connect_timeout)
+                sock.connect(conn.unix_socket)
+            except BaseException:
+                sock.close()
+                raise
+            conn.host_info = "Localhost via UNIX socket"
+            conn._secure = True
+            return sock
+        extra: dict[str, Any] = {}
+        if conn.bind_address is not None:
+            extra["source_address"] = (conn.bind_address, 0)
+        sock = socket.create_connection((conn.host, conn.port), conn.connect_timeout, **extra)
+        conn.host_info = f"socket {conn.host}:{conn.port}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return sock
+    except OSError as e:
+        exc = pymysql.err.OperationalError(
+            2003, f"Can't connect to MySQL server on {conn.host!r} ({e})"
+        )
+        exc.original_exception = e
+        raise exc from e
+
+
+class _Watchdog:
+    """Shuts the login's socket down (both ways) after ``seconds``: the login's read or
+    write in progress ends at once (PyMySQL's 'Lost connection'), whichever socket
+    PyMySQL reads by then (a TLS-wrapped one too: the shutdown is of the connection,
+    through a duplicate of the descriptor). ``stop`` cancels it and says whether it
+    fired."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._watch = sock.dup()
+        self._lock = threading.Lock()
+        self._fired = False
+        self._stopped = False
+        self._timer = threading.Timer(max(seconds, 0.0), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._fired = True
+            with contextlib.suppress(OSError):
+                self._watch.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> bool:
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                self._timer.cancel()
+                self._watch.close()
+            return self._fired
 
 
 def is_mysql_url(url: str) -> bool:
@@ -147,14 +250,16 @@ def not_connected(
     *,
     socket_path: str | None = None,
     timeout_s: float = CONNECT_TIMEOUT_S,
+    unfinished: bool = False,
 ) -> SqlsinkError:
     """PyMySQL's failed connect as the sink's TransientError: where (``place``: the
     server's product and address), as whom, why and the fix; the server's own words in
-    brackets (they name no password)."""
+    brackets (they name no password). ``unfinished``: connect's watchdog ended a login
+    that went on past its bound."""
     code = errno(exc)
     said = " ".join(str(getattr(exc, "args", ("",))[-1]).split())
     timed_out = _timed_out(exc)
-    why, fix = _reason(code, said, timed_out, socket_path)
+    why, fix = _UNFINISHED if unfinished else _reason(code, said, timed_out, socket_path)
     product = place.split(" at ", 1)[0]
     text = f"{why}. Fix: {fix}".format(
         user=user,
@@ -226,6 +331,11 @@ _MUTE = (
     "process, a full disk, every thread busy: SHOW PROCESSLIST from another session), and "
     "that the URL's host and port are the server's own and not a proxy or load balancer "
     "whose server is gone",
+)
+_UNFINISHED = (
+    "the server accepted the connection but did not finish the login within {seconds} s "
+    "(it answered, too slowly)",
+    _MUTE[1],
 )
 _NO_SOCKET = (
     "no socket at that path",

@@ -110,3 +110,52 @@ def test_a_trickled_greeting_is_given_up_within_a_bound_of_connect_timeout(
     worker.join(12)  # 6x connect_timeout
     took = time.monotonic() - started
     assert outcome, f"the login still waits after {took:.0f} s with connect_timeout=2"
+
+
+def test_a_trickled_greeting_is_given_up_with_true_words(
+    trickle_port: int, mariadb_server: MariaServer
+) -> None:
+    """The fix (connect's watchdog): the whole login ends within connect_timeout +
+    LOGIN_MARGIN_S, and the error says the server did not finish the login within
+    connect_timeout (not that it did not answer: it did, a byte at a time)."""
+    from sqlsink.mariadb.connection import LOGIN_MARGIN_S
+
+    url = f"mariadb://sink:{mariadb_server.sink[1]}@127.0.0.1:{trickle_port}/{TARGET_DB}"
+    started = time.monotonic()
+    with pytest.raises(TransientError) as caught:
+        connect(url, doing="planning the batch", connect_timeout=2)
+    took = time.monotonic() - started
+    text = str(caught.value)
+    assert 2 <= took < 2 + LOGIN_MARGIN_S + 1.5, took
+    assert "did not finish the login within 2 s" in text, text
+    assert "did not answer" not in text, text
+    assert "cannot connect to MariaDB at 127.0.0.1" in text, text
+    assert mariadb_server.sink[1] not in text
+
+
+def test_a_trickled_greeting_without_doing_is_pymysqls_error_with_true_words(
+    trickle_port: int, mariadb_server: MariaServer
+) -> None:
+    """The sink's own second sessions (no ``doing``) get PyMySQL's error type, with words
+    that say the login was ended, not that the server hung up."""
+    import pymysql
+
+    url = f"mariadb://sink:{mariadb_server.sink[1]}@127.0.0.1:{trickle_port}/{TARGET_DB}"
+    started = time.monotonic()
+    with pytest.raises(pymysql.err.OperationalError) as caught:
+        connect(url, connect_timeout=2)
+    assert time.monotonic() - started < 5
+    assert "Login not finished within 2 s" in str(caught.value), caught.value
+
+
+def test_a_login_that_finishes_leaves_no_watchdog(mariadb_server: MariaServer) -> None:
+    """A session kept past its login's deadline is not shut down by the watchdog."""
+    url = f"mariadb://sink:{mariadb_server.sink[1]}@127.0.0.1:{mariadb_server.port}/{TARGET_DB}"
+    conn = connect(url, doing="planning the batch", connect_timeout=1)
+    try:
+        time.sleep(2.5)  # past connect_timeout + LOGIN_MARGIN_S
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchall() == ((1,),)
+    finally:
+        conn.close()
