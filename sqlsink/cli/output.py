@@ -122,6 +122,12 @@ class Output:
         return "'" + self.clean(shown(bare)).replace("'", "'\\''") + "'"
 
     @property
+    def session_word(self) -> str:
+        """What the database calls a session's number: MariaDB/MySQL a connection id
+        (``KILL CONNECTION``), PostgreSQL a pid."""
+        return "connection" if is_mariadb(self.url) else "pid"
+
+    @property
     def paste_note(self) -> str:
         """After a pasteable command: where its password comes from, if one was left out."""
         _, had = without_password(self.url.removeprefix("jdbc:"))
@@ -201,6 +207,16 @@ def lock_held_fix(command: str, end_session: str, declare: str = "") -> str:
         f"run {command} again, or with a longer --lock-timeout. A holder stuck for longer "
         f"is a paused or cut-off driver: {declare}end the session: {end_session}"
     )
+
+
+def end_holders(end_session: str, holders: Sequence[int]) -> str:
+    """``ServerTerms.end_session`` for these holders: its placeholder (MariaDB's connection
+    ``id``, PostgreSQL's ``pid``) replaced by each holder's number; as it is without one."""
+    for placeholder in ("pid", "id"):
+        head, found, tail = end_session.rpartition(placeholder)
+        if found and holders:
+            return "; ".join(f"{head}{n}{tail}" for n in holders)
+    return end_session
 
 
 def header(out: Output, command: str, me: RoleInfo, extra: str = "") -> None:

@@ -41,7 +41,13 @@ from sqlsink.cli.recover_checkpoint import (
     relate_checkpoint,
     sink_of_checkpoint,
 )
-from sqlsink.cli.recover_lost import Decider, RecordedCheckpoint, recorded_checkpoint, requests
+from sqlsink.cli.recover_lost import (
+    Decider,
+    LockHeld,
+    RecordedCheckpoint,
+    recorded_checkpoint,
+    requests,
+)
 from sqlsink.cli.recover_print import print_recover, print_result
 from sqlsink.cli.recover_report import (
     SinkRecovery,
@@ -52,7 +58,7 @@ from sqlsink.cli.recover_report import (
     sink_warnings,
     unknown_sink_warning,
 )
-from sqlsink.core.admin import AdminSession, RoleInfo, SinkRow
+from sqlsink.core.admin import AdminSession, RoleInfo, Session, SinkRow
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
 from sqlsink.core.lost import Evidence, evidence, recover_scope
@@ -89,6 +95,10 @@ class Recovery:
     ended: list[int] = field(default_factory=list)  # lock holders ended by decide's take
     fenced: list[str] = field(default_factory=list)  # --force's runs, fenced before decide
     recorded: dict[str, RecordedCheckpoint] = field(default_factory=dict)  # read once a sink
+    # --commit-lost/--mark-skipped found the lock held past --lock-timeout: the sink refused
+    undecided_held: bool = False
+    asked: str = ""  # --commit-lost/--mark-skipped as given, for the refusal's fix
+    decide_holders: list[Session] = field(default_factory=list)  # the lock's, when waited
     sinks: list[SinkRecovery] = field(default_factory=list)
     warnings: list[Notice] = field(default_factory=list)
     total: int = 0  # prepared transactions to finish, for the progress notes
@@ -105,7 +115,9 @@ class Recovery:
         bound = self.bound
         self.sinks = [SinkRecovery(s, bound[s].query_id if s in bound else None) for s in targets]
         for sink in self.sinks:
+            sink.session_word = self.out.session_word
             if sink.sink_id == self.sink_id:
+                sink.asked = self.asked
                 sink.decided_batches = list(self.decided)
                 sink.ended = list(self.ended)
                 sink.fenced = list(self.fenced)
@@ -136,6 +148,9 @@ class Recovery:
         sink.sessions = self.conn.sink_sessions(self.conn.sqlsink_sessions(), sink.sink_id)
         sink.named = list(self.run_ids) if sink.sink_id == self.sink_id else []
         recovery = SinkProcedure(self.backend, sink.sink_id)
+        if self.undecided_held and sink.sink_id == self.sink_id:
+            self._refuse_undecided(sink, recovery)
+            return
         if self.dry_run:
             self._plan_only(sink, recovery)
             return
@@ -168,10 +183,26 @@ class Recovery:
             self._evidence(self.sink_id),
             terms=self.conn.terms(),
         )
+        self.asked = "".join(f" --commit-lost {b}" for b in sorted(set(commit_lost)))
+        self.asked += "".join(f" --mark-skipped {b}" for b in sorted(set(mark_skipped)))
+
+        def waiting() -> None:
+            self.decide_holders = self.conn.lock_holders(self.sink_id or "")
+            self.out.note(
+                f"sqlsink recover: sink {self.sink_id}: waiting up to {self.lock_timeout:g}s "
+                "for the sink's lock, to decide the batches named"
+            )
+
         try:
             done = decider.run(
-                requests(commit_lost, mark_skipped), self.lock_timeout, dry_run=self.dry_run
+                requests(commit_lost, mark_skipped),
+                self.lock_timeout,
+                dry_run=self.dry_run,
+                waiting=waiting,
             )
+        except LockHeld:  # refused as a held lock is (exit 1): resolve reports it
+            self.undecided_held = True
+            return []
         finally:
             self.ended += [pid for pid in decider.ended if pid not in self.ended]
         if not self.dry_run:
@@ -310,6 +341,23 @@ class Recovery:
             sink, lock_still_held(self.lock_timeout, sink.evidence(), "nothing was done for it")
         )
         return False
+
+    def _refuse_undecided(self, sink: SinkRecovery, recovery: SinkProcedure) -> None:
+        """--commit-lost/--mark-skipped found the sink's lock held past --lock-timeout:
+        nothing decided, nothing done; refused as ``_take_lock`` refuses (the holder
+        named, the plan read without the lock)."""
+        sink.lock_busy = True
+        sink.holders = self.conn.lock_holders(sink.sink_id) or self.decide_holders
+        self._survey_runs(sink)
+        sink.plan = recovery.plan(self._scope(sink))
+        self._refuse(
+            sink,
+            lock_still_held(
+                self.lock_timeout,
+                sink.evidence(),
+                "nothing was decided, and nothing was done for it",
+            ),
+        )
 
     def _warn_foreign_owners(self, sink: SinkRecovery) -> None:
         """Only a prepared transaction's owner (or a superuser) may finish it: the plan

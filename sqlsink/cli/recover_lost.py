@@ -21,11 +21,11 @@ unless the evidence holds; each refusal says why and changes nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlsink.checkpoint.parse import Checkpoint, read_checkpoint
-from sqlsink.cli.output import CliError, Notice, Output, lock_still_held
+from sqlsink.cli.output import CliError, Notice, Output
 from sqlsink.core.admin import AdminSession, RoleInfo, ServerTerms
 from sqlsink.core.backend import TwoPhaseBackend
 from sqlsink.core.gid import Gid
@@ -119,6 +119,11 @@ def requests(commit_lost: Iterable[int], mark_skipped: Iterable[int]) -> list[Re
     return sorted(wanted, key=lambda r: r.batch_id)
 
 
+class LockHeld(Exception):
+    """The sink's lock stayed held past --lock-timeout: nothing was decided. ``recover``
+    refuses the sink (exit 1), naming the holder, as it and ``forget`` refuse a held lock."""
+
+
 @dataclass
 class Decider:
     """Checks and writes the requested decisions, in batch order, under the sink's lock."""
@@ -131,22 +136,27 @@ class Decider:
     ended: list[int] = field(default_factory=list)  # fenced runs' lock holders it ended
     terms: ServerTerms | None = None  # the database's words, for the fixes it tells
 
-    def run(self, wanted: list[Request], lock_timeout: float, *, dry_run: bool) -> list[str]:
+    def run(
+        self,
+        wanted: list[Request],
+        lock_timeout: float,
+        *,
+        dry_run: bool,
+        waiting: Callable[[], None] | None = None,
+    ) -> list[str]:
         """What was (or, in a dry run, would be) decided, one sentence per batch; a
-        CliError (nothing written) for the first request that cannot be proven. The
-        sessions of fenced runs that held the lock and were ended: ``ended``."""
+        CliError (nothing written) for the first request that cannot be proven; LockHeld
+        (nothing written) when the sink's lock stays held past ``lock_timeout``
+        (``waiting()`` is told when it was held at first). The sessions of fenced runs
+        that held the lock and were ended: ``ended``."""
         backend = self.backend
         # a dry run ends nobody, not even a fenced run's session that holds the lock
-        take = backend.acquire_sink_lock(self.sink_id, lock_timeout, end_fenced=not dry_run)
+        take = backend.acquire_sink_lock(
+            self.sink_id, lock_timeout, waiting, end_fenced=not dry_run
+        )
         self.ended = list(take.ended)
         if not take.held:
-            raise CliError(
-                f"sink {self.sink_id}: "
-                + lock_still_held(
-                    lock_timeout, "a committer or another recover holds it", "nothing was decided"
-                ),
-                "stop the query first, then run the command again, or with a longer --lock-timeout",
-            )
+            raise LockHeld(self.sink_id)
         try:
             plans = self._check(wanted)
             if not dry_run:

@@ -25,6 +25,7 @@ from sqlsink.cli.output import (
     EXIT_WARN,
     Notice,
     Output,
+    end_holders,
     exit_code,
     format_age,
     lock_held_fix,
@@ -73,6 +74,8 @@ class SinkRecovery:
     scope: Scope | None = None  # the scope of the last plan
     checkpoint_read: str | None = None  # the checkpoint read (given, or the one recorded)
     unread: str | None = None  # why no checkpoint of a streaming sink's query was read
+    session_word: str = "pid"  # what the database calls a session's number (Output's)
+    asked: str = ""  # --commit-lost/--mark-skipped as given: a refusal's fix repeats them
 
     def undecided_kept(self) -> dict[int, list[str]]:
         """Undecided gids left because no checkpoint was read (``Scope.unsure``), by batch."""
@@ -92,14 +95,21 @@ class SinkRecovery:
     def evidence(self) -> str:
         parts = []
         if self.holders:
-            parts.append("its lock is held by " + ", ".join(s.describe() for s in self.holders))
+            parts.append("its lock is held by " + ", ".join(map(self._named, self.holders)))
         holders = {s.pid for s in self.holders}
         sessions = [s for s in self.sessions if s.pid not in holders]
         if sessions:
-            parts.append("connected: " + ", ".join(s.describe() for s in sessions[:5]))
+            parts.append("connected: " + ", ".join(map(self._named, sessions[:5])))
             if len(sessions) > 5:
                 parts[-1] += f" and {len(sessions) - 5} more"
         return "; ".join(parts) or "its lock is held by another session"
+
+    def _named(self, session: Session) -> str:
+        """A session in its database's words: 'connection N' on MariaDB/MySQL."""
+        said = session.describe()
+        if self.session_word != "pid":
+            said = f"{self.session_word} {said.removeprefix('pid ')}"
+        return said
 
     def to_do(self) -> list[PlannedAction]:
         return [a for a in (self.plan.actions if self.plan else []) if a.action is not Action.LEAVE]
@@ -206,10 +216,10 @@ def sink_warnings(
     if sink.status == "refused":
         runs = " ".join(f"--run-id {r.run_id}" for r in sink.treated_live) or "--run-id RUN"
         fix = lock_held_fix(
-            "recover",
-            terms.end_session,
-            f"if its run is dead, declare it so: {fix_cmd} --force {runs} (this also ends "
-            "its session when the run recorded it); or ",
+            "recover" + sink.asked,
+            end_holders(terms.end_session, [s.pid for s in sink.holders]),
+            f"if its run is dead, declare it so: {fix_cmd}{sink.asked} --force {runs} (this "
+            "also ends its session when the run recorded it); or ",
         )
         warnings.append(Notice("warning", sink.message or "refused", fix, sink.sink_id))
     elif sink.status == "failed":

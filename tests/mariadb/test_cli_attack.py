@@ -370,7 +370,11 @@ def test_recover_after_a_server_restart_never_kills_an_innocent_reused_connectio
             said = done.out + done.err
             assert done.code == 1, said
             # named as what it is: a session holding the lock, not run A's committer
-            assert f"its lock is held by pid {stale} '' (role sink from 127.0.0.1, sleep)" in said
+            # (MariaDB's word: a connection id, as KILL CONNECTION takes it)
+            assert (
+                f"its lock is held by connection {stale} '' (role sink from 127.0.0.1, sleep)"
+                in said
+            )
             assert "ended" not in said and "commit'" not in said
             assert rows(innocent, "SELECT 1") == [(1,)], "recover killed an innocent session"
         finally:
@@ -446,7 +450,7 @@ def test_recover_leaves_a_live_runs_committer_holding_the_lock_and_names_it(
         said = done.out + done.err
         assert done.code == 1, said
         assert (
-            f"its lock is held by pid {pid} 'sqlsink {writer.sink} commit' "
+            f"its lock is held by connection {pid} 'sqlsink {writer.sink} commit' "
             "(role sink from 127.0.0.1, sleep)" in said
         )
         assert "ended" not in said

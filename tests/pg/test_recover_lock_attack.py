@@ -72,7 +72,10 @@ def test_a_dry_run_of_commit_lost_ends_no_session(
         assert alive(zombie), plain.out + plain.err
         dry = recover(pg_url, sink, "--commit-lost", "2", "--dry-run", "--lock-timeout", "1")
         assert alive(zombie), "a dry run ended a session: " + dry.out + dry.err
-        assert dry.code == 2 and "nothing was decided" in dry.json["error"]["message"]
+        # a held lock is a refusal (exit 1), as plain recover's and forget's
+        (refused,) = dry.json["sinks"]
+        assert dry.code == 1 and dry.json["error"] is None, dry.out + dry.err
+        assert refused["status"] == "refused" and "nothing was decided" in refused["message"]
         assert prepared_of(pg_url, sink) == lost
         done = recover(pg_url, sink, "--commit-lost", "2", "--lock-timeout", "1")
         assert not alive(zombie)  # not a dry run: the fenced run's holder is ended
@@ -352,3 +355,35 @@ def test_force_with_commit_lost_fences_before_it_decides(
     (doc,) = done.json["sinks"]
     assert doc["fenced_runs"] == [old.run] and doc["ended_sessions"] == [pid]
     assert doc["decided_batches"] == [2] and doc["committed"] == 2
+
+
+def test_commit_lost_with_the_lock_held_is_a_refusal_naming_the_holder(
+    pg_url: str, keyed: str, sink: str, tmp_path: Path
+) -> None:
+    """--commit-lost while a session holds the sink's lock past --lock-timeout: refused
+    (exit 1, as plain recover and forget refuse a held lock), the holder named by its pid
+    and the fix that ends it (pg_terminate_backend of that pid); nothing decided or done."""
+    _, _, lost = lost_batch_2(pg_url, keyed, sink, tmp_path / "chk")
+    holder = psycopg.connect(pg_url, autocommit=True, application_name="a holder")
+    try:
+        assert locks.try_sink_lock(holder, sink)
+        pid = holder.info.backend_pid
+        done = recover(pg_url, sink, "--commit-lost", "2", "--lock-timeout", "500ms")
+        assert alive(holder)
+    finally:
+        holder.close()
+    text = done.out + done.err
+    assert done.code == 1, (done.code, text)
+    assert done.json["error"] is None and done.json["commit_lost"] == [2], text
+    (doc,) = done.json["sinks"]
+    assert doc["status"] == "refused" and doc["decided_batches"] == [], doc
+    assert doc["lock"] == "held" and [s["pid"] for s in doc["lock_holders"]] == [pid], doc
+    assert "still held after 0.5s" in doc["message"] and f"pid {pid}" in doc["message"], doc
+    assert "nothing was decided" in doc["message"], doc
+    (refusal,) = [w for w in done.json["warnings"] if w["message"] == doc["message"]]
+    assert f"pg_terminate_backend({pid})" in refusal["fix"], refusal
+    assert "--commit-lost 2" in refusal["fix"], refusal  # the command to run again
+    assert prepared_of(pg_url, sink) == lost and not decided(pg_url, sink, 2)
+    assert cli_lock_holders(pg_url) == []
+    again = recover(pg_url, sink, "--commit-lost", "2", "--lock-timeout", "1")  # lock free
+    assert again.code == 0 and prepared_of(pg_url, sink) == [], again.out + again.err
