@@ -158,7 +158,8 @@ MEANINGS: dict[str, str] = {
     "RecoverSinkJson.sessions": ("the sink's connected tasks and committer (evidence only)"),
     "RecoverSinkJson.status": (
         "`planned`: a dry run with something to do; `refused`: its lock stayed held for "
-        "`--lock-timeout`"
+        "`--lock-timeout` (nothing was done for the sink; `--commit-lost` and "
+        "`--mark-skipped` decided nothing)"
     ),
     "RecoverSinkJson.undecided_kept_batches": (
         "undecided batches above the highest decided one of a sink bound to a streaming "
