@@ -4,13 +4,10 @@ no mocks; every wait bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,11 +23,11 @@ from sqlsink.mariadb.partition import LoadTarget, write_partition
 from sqlsink.options import SinkOptions
 from sqlsink.spark.plan import plan_write
 from tests.fix_mariadb import TARGET_DB, MariaServer
+from tests.mariadb.conftest import SILENT_FOR_S
 from tests.mariadb.protocol import Writer, forget_sink, make_table, new_sink
 from tests.pg.test_cli import sqlsink
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType(), False)])
-SILENT_FOR_S = 25.0  # the mute server hangs up after this: the test's own bound
 CONNECT_TIMEOUT_S = 10.0  # connection.connect's connect_timeout
 
 
@@ -40,34 +37,6 @@ def _task() -> TaskIdentity:
 
 def _ids(n: int) -> list[pa.RecordBatch]:
     return [pa.RecordBatch.from_pydict({"id": pa.array(list(range(n)), pa.int64())})]
-
-
-@pytest.fixture
-def mute_port() -> Iterator[int]:
-    """A port that accepts TCP connections but never says a word (a hung mariadbd, a
-    proxy whose backend is gone, a firewall that completes handshakes); it hangs up every
-    connection after SILENT_FOR_S, so that an unbounded wait ends with the test."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(0.2)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        started = time.monotonic()
-        while not stop.is_set() and time.monotonic() - started < SILENT_FOR_S:
-            with contextlib.suppress(OSError):  # no connection within 0.2 s
-                held.append(listener.accept()[0])
-        for sock in held:
-            sock.close()
-        listener.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(SILENT_FOR_S + 5)
 
 
 @pytest.mark.parametrize("who", ["planning", "partition"])

@@ -6,14 +6,11 @@ no mocks; every wait bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
-import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,33 +18,6 @@ import pytest
 from sqlsink.errors import SqlsinkError, TransientError
 from sqlsink.mariadb.connection import connect, rows
 from tests.fix_mariadb import TARGET_DB, MariaServer
-
-
-@pytest.fixture
-def mute_port() -> Iterator[int]:
-    """A port that accepts connections and never says a word; every connection is hung
-    up when the test ends (or after 20 s)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.2)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        started = time.monotonic()
-        while not stop.is_set() and time.monotonic() - started < 20:
-            with contextlib.suppress(OSError):
-                held.append(listener.accept()[0])
-        for sock in held:
-            sock.close()
-        listener.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(25)
 
 
 def test_a_mute_server_is_told_as_accepted_but_not_answering_within_the_timeout(

@@ -126,7 +126,7 @@ def test_a_trickled_greeting_is_given_up_with_true_words(
         connect(url, doing="planning the batch", connect_timeout=2)
     took = time.monotonic() - started
     text = str(caught.value)
-    assert 2 <= took < 2 + LOGIN_MARGIN_S + 1.5, took
+    assert 2 <= took < 2 + LOGIN_MARGIN_S + 4, took  # (bounded; trickled, about 150 s)
     assert "did not finish the login within 2 s" in text, text
     assert "did not answer" not in text, text
     assert "cannot connect to MariaDB at 127.0.0.1" in text, text
